@@ -1,0 +1,237 @@
+"""llama.cpp through llama-cpp-python, in-process in the trial worker.
+
+Knob spellings follow ``llama_cpp.Llama`` (ENGINE_KNOBS.md §4.1); the export writes the
+same configuration as ``Llama(...)`` keyword arguments and as a ``llama-server`` command.
+Speculative decoding is llama-cpp-python's prompt-lookup drafter (``draft: prompt_lookup``,
+``draft_k`` = num_pred_tokens); a second-model draft exists only in llama-server.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shlex
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.engines.base import Engine
+from autotune.engines.base import Generation
+from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import Knob
+from autotune.engines.base import Resources
+from autotune.engines.base import cpu_count
+from autotune.models import resolve_variant
+from autotune.models import validate_variants
+from autotune.trial.spec import write_atomic
+
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
+UNQUANTIZED_KV = ("f32", "f16")
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+GPU_KNOBS = ("n_gpu_layers", "split_mode", "tensor_split", "main_gpu")
+
+
+class LlamaCppEngine(Engine):
+    """llama-cpp-python ``Llama``; one model instance per trial, greedy decoding."""
+
+    name = "llamacpp"
+    knobs = {
+        "model": Knob("str", doc="model variant name (engine.variants)"),
+        "n_threads": Knob("int", low=1, high=512, spelling="n_threads / -t"),
+        "n_threads_batch": Knob("int", low=1, high=512, spelling="n_threads_batch / -tb"),
+        "n_batch": Knob("int", low=1, high=65536, spelling="n_batch / -b"),
+        "n_ubatch": Knob("int", low=1, high=65536, spelling="n_ubatch / -ub"),
+        "n_ctx": Knob("int", low=0, high=1 << 20, spelling="n_ctx / -c"),
+        "flash_attn": Knob("bool", spelling="flash_attn / -fa"),
+        "type_k": Knob("str", tuple(KV_TYPES), spelling="type_k / -ctk"),
+        "type_v": Knob("str", tuple(KV_TYPES), spelling="type_v / -ctv"),
+        "use_mmap": Knob("bool", spelling="use_mmap / --no-mmap"),
+        "use_mlock": Knob("bool", spelling="use_mlock / --mlock"),
+        "offload_kqv": Knob("bool", spelling="offload_kqv / -nkvo"),
+        "n_gpu_layers": Knob("int", low=-1, high=100000, spelling="n_gpu_layers / -ngl"),
+        "split_mode": Knob("str", tuple(SPLIT_MODES), spelling="split_mode / -sm"),
+        "tensor_split": Knob("list", spelling="tensor_split / -ts"),
+        "main_gpu": Knob("int", low=0, high=64, spelling="main_gpu / -mg"),
+        "draft": Knob("str", ("none", "prompt_lookup"), doc="speculative drafter"),
+        "draft_k": Knob("int", low=1, high=64, spelling="LlamaPromptLookupDecoding(num_pred_tokens)"),
+        "draft_ngram": Knob("int", low=1, high=16, spelling="LlamaPromptLookupDecoding(max_ngram_size)"),
+        "logits_all": Knob("bool", spelling="logits_all"),
+    }
+
+    @classmethod
+    def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
+        n = cpu_count()
+        return {
+            "model": settings.get("default_variant") or next(iter(variants)),
+            "n_threads": max(n // 2, 1), "n_threads_batch": n, "n_batch": 512, "n_ubatch": 512,
+            "n_ctx": 512, "flash_attn": False, "type_k": "f16", "type_v": "f16",
+            "use_mmap": True, "use_mlock": False, "offload_kqv": True, "n_gpu_layers": 0,
+            "split_mode": "layer", "tensor_split": None, "main_gpu": 0, "draft": "none",
+            "draft_k": 10, "draft_ngram": 2, "logits_all": False,
+        }
+
+    @classmethod
+    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+        validate_variants(variants, f"{path}.variants")
+
+    @classmethod
+    def full_params(cls, params: dict, settings: dict, variants: dict) -> dict[str, Any]:
+        """Engine defaults overlaid with fixed settings and the trial's parameters."""
+        fixed = {k: v for k, v in settings.items() if k in cls.knobs}
+        out = {**cls.default_params(settings, variants), **fixed}
+        out.update({k: v for k, v in params.items() if v is not None})
+        if "n_threads_batch" not in params and "n_threads_batch" not in fixed and "n_threads" in params:
+            out["n_threads_batch"] = out["n_threads"]
+        return out
+
+    @classmethod
+    def resources(cls, params: dict, settings: dict) -> Resources:
+        p = {**cls.default_params(settings, {"_": {}}), **params}
+        if "n_threads_batch" not in params and "n_threads" in params:
+            p["n_threads_batch"] = p["n_threads"]
+        gpus = 0.0
+        if p.get("n_gpu_layers"):
+            split = p.get("tensor_split")
+            gpus = float(len([x for x in split if x])) if split else 1.0
+        return Resources(num_cpus=float(max(p["n_threads"], p["n_threads_batch"])), num_gpus=gpus)
+
+    @classmethod
+    def check(cls, params: dict, settings: dict) -> list[str]:
+        p = {**cls.default_params(settings, {"_": {}}), **settings, **params}
+        reasons = []
+        if p.get("type_v") not in UNQUANTIZED_KV and not p.get("flash_attn"):
+            reasons.append("a quantized V cache (type_v) needs flash_attn=true in llama.cpp")
+        if p.get("n_ubatch", 0) > p.get("n_batch", 0):
+            reasons.append("n_ubatch must be <= n_batch (llama.cpp clamps it silently)")
+        return reasons
+
+    # ---- export ---------------------------------------------------------------------
+    @classmethod
+    def llama_kwargs(cls, params: dict, settings: dict, variants: dict, model_path: str) -> dict:
+        p = cls.full_params(params, settings, variants)
+        kw: dict[str, Any] = {
+            "model_path": model_path, "n_threads": p["n_threads"], "n_threads_batch": p["n_threads_batch"],
+            "n_batch": p["n_batch"], "n_ubatch": p["n_ubatch"], "n_ctx": p["n_ctx"],
+            "flash_attn": p["flash_attn"], "type_k": KV_TYPES[p["type_k"]], "type_v": KV_TYPES[p["type_v"]],
+            "use_mmap": p["use_mmap"], "use_mlock": p["use_mlock"], "offload_kqv": p["offload_kqv"],
+            "n_gpu_layers": p["n_gpu_layers"], "seed": int(settings.get("seed", 0)),
+            "logits_all": p["logits_all"] or p["draft"] != "none",
+        }
+        if p["n_gpu_layers"]:
+            kw["split_mode"] = SPLIT_MODES[p["split_mode"]]
+            kw["main_gpu"] = p["main_gpu"]
+            if p.get("tensor_split"):
+                kw["tensor_split"] = list(p["tensor_split"])
+        return kw
+
+    @classmethod
+    def server_argv(cls, params: dict, settings: dict, variants: dict, model_path: str) -> list[str]:
+        """The equivalent ``llama-server`` argv (newest flag spellings, ENGINE_KNOBS §4.3)."""
+        p = cls.full_params(params, settings, variants)
+        argv = [
+            "llama-server", "-m", model_path, "-t", str(p["n_threads"]), "-tb", str(p["n_threads_batch"]),
+            "-c", str(p["n_ctx"]), "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]),
+            "-fa", "on" if p["flash_attn"] else "off", "-ctk", p["type_k"], "-ctv", p["type_v"],
+            "-ngl", str(p["n_gpu_layers"]),
+        ]
+        if p["n_gpu_layers"]:
+            argv += ["-sm", p["split_mode"], "-mg", str(p["main_gpu"])]
+            if p.get("tensor_split"):
+                argv += ["-ts", ",".join(str(x) for x in p["tensor_split"])]
+        if not p["use_mmap"]:
+            argv.append("--no-mmap")
+        if p["use_mlock"]:
+            argv.append("--mlock")
+        if p["draft"] == "prompt_lookup":
+            argv += ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(p["draft_k"])]
+        return argv + ["--host", "127.0.0.1", "--port", str(settings.get("port", 8080))]
+
+    @classmethod
+    def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
+        v = variants[cls.full_params(params, settings, variants)["model"]]
+        model_path = v.get("path") or f"<variant {cls.full_params(params, settings, variants)['model']}: {json.dumps(v)}>"
+        kwargs = cls.llama_kwargs(params, settings, variants, model_path)
+        argv = cls.server_argv(params, settings, variants, model_path)
+        note = ""
+        if "path" not in v:
+            note = ("# The model is made by autotune (see engine.variants in best.yaml); its file\n"
+                    f"# is in {settings.get('cache_hint', '~/.cache/autotune/models')}.\n")
+        kw_path, sh_path = out_dir / "llama_cpp_kwargs.json", out_dir / "llama-server.sh"
+        write_atomic(kw_path, json.dumps(kwargs, indent=2) + "\n")
+        write_atomic(sh_path, "#!/usr/bin/env sh\n# Winner exported by autotune.\n" + note + shlex.join(argv) + "\n")
+        sh_path.chmod(0o755)
+        return [kw_path, sh_path]
+
+    # ---- worker side ----------------------------------------------------------------
+    def _load(self, logits_all: bool = False, n_ctx: int | None = None):
+        import llama_cpp
+
+        p = self.full_params(self.params, self.settings, self.variants)
+        if any(p.get(k) for k in ("n_gpu_layers",)) and not llama_cpp.llama_supports_gpu_offload():
+            raise InfeasibleConfig(
+                f"n_gpu_layers={p['n_gpu_layers']} asks for GPU offload, but this llama-cpp-python "
+                "build has no GPU backend (reinstall with CMAKE_ARGS=-DGGML_CUDA=on)"
+            )
+        for reason in self.check(self.params, self.settings):
+            raise InfeasibleConfig(reason)
+        kw = self.llama_kwargs(self.params, self.settings, self.variants, str(self.model_path))
+        if logits_all:
+            kw["logits_all"] = True
+        if n_ctx:
+            kw["n_ctx"] = max(kw["n_ctx"], n_ctx)
+        if p["draft"] == "prompt_lookup" and not logits_all:
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            kw["draft_model"] = LlamaPromptLookupDecoding(
+                max_ngram_size=p["draft_ngram"], num_pred_tokens=p["draft_k"]
+            )
+        kw["verbose"] = bool(self.settings.get("verbose", False))
+        try:
+            return llama_cpp.Llama(**kw)
+        except ValueError as e:
+            raise InfeasibleConfig(f"llama.cpp rejected the configuration: {e}") from e
+
+    def start(self) -> None:
+        p = self.full_params(self.params, self.settings, self.variants)
+        self.model_path = resolve_variant(p["model"], self.variants)
+        self.info["model_path"] = str(self.model_path)
+        self.llm = self._load()
+
+    def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
+        llm = self.llm
+        tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
+        if len(tokens) + max_tokens > llm.n_ctx():
+            raise InfeasibleConfig(
+                f"n_ctx={llm.n_ctx()} is too small for a {len(tokens)}-token prompt + {max_tokens} new tokens"
+            )
+        llm.reset()
+        eos = llm.token_eos()
+        out: list[int] = []
+        times: list[float] = []
+        t0 = time.perf_counter()
+        for tok in llm.generate(tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            times.append(time.perf_counter() - t0)
+            if tok == eos and not ignore_eos:
+                break
+            out.append(tok)
+            if len(out) >= max_tokens:
+                break
+        e2e = time.perf_counter() - t0
+        text = llm.detokenize(out).decode("utf-8", "replace")
+        return Generation(len(tokens), len(out), times[: len(out)] or times, e2e, text, out)
+
+    def logprobs(self, text: str, n_tokens: int):
+        self.llm = None  # free the speed instance before allocating all-token logits
+        llm = self._load(logits_all=True, n_ctx=n_tokens)
+        tokens = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)[:n_tokens]
+        llm.reset()
+        llm.eval(tokens)
+        self._quality_llm = llm
+        return tokens, llm.scores[: len(tokens)]
+
+    def memory(self) -> dict[str, float]:
+        return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+    def stop(self) -> None:
+        self.llm = None
+        self._quality_llm = None

@@ -1,0 +1,1 @@
+"""Measurement: workloads and timings, statistics, and quality vs a reference."""

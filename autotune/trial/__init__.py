@@ -1,0 +1,10 @@
+"""Trial specs and results, the isolated runner, and the worker entry point."""
+
+from __future__ import annotations
+
+from autotune.trial.runner import run_trial
+from autotune.trial.spec import TrialResult
+from autotune.trial.spec import TrialSpec
+from autotune.trial.spec import write_atomic
+
+__all__ = ["TrialResult", "TrialSpec", "run_trial", "write_atomic"]

@@ -1,0 +1,103 @@
+"""Run one trial in an isolated subprocess, in its own process group, killed whole on timeout.
+
+``run_trial(spec)`` never raises for a trial's own failure: a crash, a hang or a missing
+result comes back as a :class:`TrialResult` with status ``failed`` or ``timeout``, the
+reason and the tail of the trial's log. It is the function Ray runs on a worker.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from autotune.trial.spec import TrialResult
+from autotune.trial.spec import TrialSpec
+from autotune.trial.spec import write_atomic
+
+KILL_GRACE_S = 5.0
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    """The last ``lines`` lines of a text file ('' if it does not exist)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 16384))
+            data = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s``."""
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_trial(spec: TrialSpec) -> TrialResult:
+    """Run ``spec`` in ``python -m autotune.trial.worker`` and return its result."""
+    workdir = Path(spec.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec_path = workdir / "spec.json"
+    result_path = workdir / "result.json"
+    log_path = workdir / "trial.log"
+    result_path.unlink(missing_ok=True)
+    write_atomic(spec_path, spec.to_json())
+    argv = [sys.executable, "-m", "autotune.trial.worker", str(spec_path), str(result_path)]
+    t0 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=os.environ.copy(),
+        )
+        try:
+            rc = proc.wait(timeout=spec.timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            rc = None
+        finally:
+            kill_group(proc.pid, grace_s=KILL_GRACE_S if proc.poll() is None else 0.5)
+            proc.wait()
+    duration = time.monotonic() - t0
+    node = platform.node()
+    if timed_out:
+        return TrialResult(
+            spec.number, "timeout", reason=f"timed out after {spec.timeout_s:g} s; process group killed",
+            log_tail=tail(log_path), duration_s=duration, node=node,
+        )
+    if result_path.exists():
+        try:
+            result = TrialResult.from_json(result_path.read_text())
+        except (ValueError, TypeError) as e:
+            return TrialResult(
+                spec.number, "failed", reason=f"unreadable result.json: {e}",
+                log_tail=tail(log_path), duration_s=duration, node=node,
+            )
+        return result.replace(duration_s=duration, node=node, log_tail=result.log_tail or tail(log_path))
+    reason = f"worker exited with code {rc}" + (
+        f" (signal {signal.Signals(-rc).name})" if rc is not None and rc < 0 else ""
+    )
+    return TrialResult(
+        spec.number, "failed", reason=reason + " without a result", log_tail=tail(log_path),
+        duration_s=duration, node=node,
+    )

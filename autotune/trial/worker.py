@@ -1,0 +1,82 @@
+"""The trial worker process: ``python -m autotune.trial.worker SPEC.json RESULT.json``.
+
+This is the only place engines are loaded. It runs one spec, writes one result file, and
+dies with its parent: a watchdog kills the whole process group if the parent goes away or
+the trial outlives its timeout, so no engine or server outlives its trial.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import get_engine_class
+from autotune.trial.spec import TrialResult
+from autotune.trial.spec import TrialSpec
+from autotune.trial.spec import write_atomic
+
+
+def _watchdog(timeout_s: float) -> None:
+    parent = os.getppid()
+    deadline = time.monotonic() + timeout_s + 10
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent or time.monotonic() > deadline:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def execute(spec: TrialSpec) -> TrialResult:
+    """Start the engine, measure speed, memory and quality, stop it; never raises."""
+    cls = get_engine_class(spec.engine)
+    engine = cls(spec.settings, spec.variants, spec.params, Path(spec.workdir))
+    try:
+        t0 = time.perf_counter()
+        engine.start()
+        load_s = time.perf_counter() - t0
+        if spec.mode == "reference":
+            from autotune.measure.quality import load_text
+            from autotune.measure.quality import save_reference
+
+            tokens, logits = engine.logprobs(load_text(spec.quality["text"]), spec.quality["n_tokens"])
+            meta = save_reference(Path(spec.quality["reference_dir"]), tokens, logits)
+            return TrialResult(spec.number, "ok", {"ppl": meta["ppl"]}, info=engine.info)
+        metrics, raw = engine.measure(spec.workload)
+        metrics = {"load_s": load_s, **metrics, **engine.memory()}
+        if spec.quality.get("enabled"):
+            metrics |= engine.quality(spec.quality)
+        return TrialResult(spec.number, "ok", metrics, info={**engine.info, "samples": raw})
+    except InfeasibleConfig as e:
+        return TrialResult(spec.number, "infeasible", reason=str(e), info=engine.info)
+    except MemoryError:
+        return TrialResult(spec.number, "failed", reason="out of memory (MemoryError)", info=engine.info)
+    except Exception as e:  # noqa: BLE001 - every failure becomes a result with its reason
+        traceback.print_exc()
+        return TrialResult(spec.number, "failed", reason=f"{type(e).__name__}: {e}", info=engine.info)
+    finally:
+        try:
+            engine.stop()
+        except Exception:  # noqa: BLE001
+            traceback.print_exc()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = TrialSpec.from_json(Path(argv[0]).read_text())
+    threading.Thread(target=_watchdog, args=(spec.timeout_s,), daemon=True).start()
+    result = execute(spec)
+    write_atomic(argv[1], result.to_json())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    # os._exit: skip interpreter teardown (llama.cpp / torch atexit hooks can hang).
+    code = main()
+    os._exit(code)

@@ -1,0 +1,20 @@
+"""Metrics, objectives and constraints: name, unit, direction and how each is computed."""
+
+from __future__ import annotations
+
+from objectives import builtin  # noqa: F401  (registers the built-in metrics)
+from objectives._registry import Direction
+from objectives._registry import Metric
+from objectives._registry import all_metrics
+from objectives._registry import get_metric
+from objectives._registry import register_distribution
+from objectives._registry import register_metric
+
+__all__ = [
+    "Direction",
+    "Metric",
+    "all_metrics",
+    "get_metric",
+    "register_distribution",
+    "register_metric",
+]
