@@ -119,6 +119,30 @@ class Engine:
         return {}
 
     @classmethod
+    def knobs_for(cls, settings: dict) -> dict[str, Knob]:
+        """The knobs this engine accepts under ``settings`` (default: the class's ``knobs``)."""
+        return cls.knobs
+
+    @classmethod
+    def preflight(cls, settings: dict) -> list[str]:
+        """What this machine lacks to run the engine (e.g. the GPUs in ``settings.gpus``)."""
+        wanted = settings.get("gpus") or []
+        if not wanted:
+            return []
+        from autotune.gpus import list_gpus
+
+        have = list_gpus()
+        need = ", ".join(f"{g.get('name', 'GPU')} {g.get('memory_gb', '?')} GB" for g in wanted)
+        if len(have) < len(wanted):
+            seen = ", ".join(f"{g.name} {g.memory_gb:.0f} GB" for g in have) or "no NVIDIA GPU (NVML not available)"
+            return [f"needs {len(wanted)} GPU(s) ({need}); this machine has {seen}"]
+        small = [
+            f"GPU {g.index} {g.name} has {g.memory_gb:.0f} GB < {w.get('memory_gb')} GB"
+            for g, w in zip(have, wanted) if w.get("memory_gb") and g.memory_gb + 1 < w["memory_gb"]
+        ]
+        return small
+
+    @classmethod
     def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
         """Raise ConfigError for bad fixed settings or variants."""
 

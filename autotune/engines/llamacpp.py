@@ -4,16 +4,23 @@ Knob spellings follow ``llama_cpp.Llama`` (ENGINE_KNOBS.md §4.1); the export wr
 same configuration as ``Llama(...)`` keyword arguments and as a ``llama-server`` command.
 Speculative decoding is llama-cpp-python's prompt-lookup drafter (``draft: prompt_lookup``,
 ``draft_k`` = num_pred_tokens); a second-model draft exists only in llama-server.
+
+The in-process ``Llama`` serves one request at a time (``max_concurrency = 1``). With the
+prompt-lookup drafter, :meth:`LlamaCppEngine.measure` re-generates the measured prompts
+greedily without the drafter and reports ``greedy_match`` (1.0 when every token id is
+identical); the mismatches go to ``engine.info["greedy_mismatch"]``. Before loading, the
+model + KV memory is estimated from the GGUF header (``mem_estimate_mb``); with
+``n_gpu_layers > 0`` the GPUs' used memory is sampled through NVML (``vram_peak_gb``).
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import shlex
 import time
 from pathlib import Path
 from typing import Any
+from typing import ClassVar
 
 from autotune.engines.base import Engine
 from autotune.engines.base import Generation
@@ -21,6 +28,8 @@ from autotune.engines.base import InfeasibleConfig
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.base import cpu_count
+from autotune.measure.memory import estimate_llamacpp_mb
+from autotune.measure.memory import peak_rss_mb
 from autotune.models import resolve_variant
 from autotune.models import validate_variants
 from autotune.trial.spec import write_atomic
@@ -35,6 +44,7 @@ class LlamaCppEngine(Engine):
     """llama-cpp-python ``Llama``; one model instance per trial, greedy decoding."""
 
     name = "llamacpp"
+    max_concurrency: ClassVar[int] = 1  # one in-process Llama: no batching of requests
     knobs = {
         "model": Knob("str", doc="model variant name (engine.variants)"),
         "n_threads": Knob("int", low=1, high=512, spelling="n_threads / -t"),
@@ -180,11 +190,8 @@ class LlamaCppEngine(Engine):
         if n_ctx:
             kw["n_ctx"] = max(kw["n_ctx"], n_ctx)
         if p["draft"] == "prompt_lookup" and not logits_all:
-            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-            kw["draft_model"] = LlamaPromptLookupDecoding(
-                max_ngram_size=p["draft_ngram"], num_pred_tokens=p["draft_k"]
-            )
+            # logits_all=True is already in kw: without it 0.3.36 crashes past n_batch.
+            kw["draft_model"] = _counting_drafter(p["draft_ngram"], p["draft_k"])
         kw["verbose"] = bool(self.settings.get("verbose", False))
         try:
             return llama_cpp.Llama(**kw)
@@ -195,6 +202,23 @@ class LlamaCppEngine(Engine):
         p = self.full_params(self.params, self.settings, self.variants)
         self.model_path = resolve_variant(p["model"], self.variants)
         self.info["model_path"] = str(self.model_path)
+        self._vram = None
+        self._estimate: dict | None = None
+        kw = self.llama_kwargs(self.params, self.settings, self.variants, str(self.model_path))
+        try:
+            self._estimate = estimate_llamacpp_mb(
+                self.model_path, kw["n_ctx"], p["type_k"], p["type_v"],
+                n_ubatch=p["n_ubatch"], logits_all=kw["logits_all"],
+            )
+            self.info["mem_estimate"] = {
+                k: v for k, v in self._estimate.items() if k.endswith("_mb") or k == "n_ctx"
+            }
+        except Exception as e:  # noqa: BLE001 - an estimate must never fail a trial
+            self.info["mem_estimate_error"] = f"{type(e).__name__}: {e}"
+        if p["n_gpu_layers"]:
+            from autotune.gpus import VramSampler
+
+            self._vram = VramSampler().__enter__()
         self.llm = self._load()
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
@@ -204,7 +228,10 @@ class LlamaCppEngine(Engine):
             raise InfeasibleConfig(
                 f"n_ctx={llm.n_ctx()} is too small for a {len(tokens)}-token prompt + {max_tokens} new tokens"
             )
-        llm.reset()
+        llm.reset()  # n_tokens = 0: generate() then reuses no cached prefix
+        drafter = llm.draft_model
+        if drafter is not None:
+            drafter.calls = drafter.drafted = 0
         eos = llm.token_eos()
         out: list[int] = []
         times: list[float] = []
@@ -218,7 +245,49 @@ class LlamaCppEngine(Engine):
                 break
         e2e = time.perf_counter() - t0
         text = llm.detokenize(out).decode("utf-8", "replace")
-        return Generation(len(tokens), len(out), times[: len(out)] or times, e2e, text, out)
+        gen = Generation(len(tokens), len(out), times[: len(out)] or times, e2e, text, out)
+        if drafter is not None:
+            # each drafter call is followed by one eval that yields 1 + accepted tokens
+            gen.drafted = drafter.drafted
+            gen.accepted = max(0, len(out) - 1 - drafter.calls)
+        return gen
+
+    def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
+        """The shared timing loop, plus the greedy-output check when a drafter is on."""
+        from autotune.measure.workload import collect
+        from autotune.measure.workload import summarize_run
+
+        run = collect(self, workload)
+        metrics, raw = summarize_run(run)
+        metrics["greedy_match"] = self._greedy_match(run) if self.llm.draft_model else 1.0
+        return metrics, raw
+
+    def _greedy_match(self, run) -> float:
+        """Re-generate the measured prompts without the drafter; 1.0 if all ids match."""
+        llm = self.llm
+        drafter, llm.draft_model = llm.draft_model, None
+        mismatches = []
+        try:
+            seen: dict[str, list[int]] = {}
+            for i, (prompt, gen) in enumerate(zip(run.prompts, run.gens, strict=True)):
+                if prompt not in seen:
+                    seen[prompt] = self.generate(prompt, run.max_tokens, run.ignore_eos).token_ids
+                plain = seen[prompt]
+                if plain != gen.token_ids:
+                    pos = next(
+                        (j for j, (a, b) in enumerate(zip(plain, gen.token_ids, strict=False)) if a != b),
+                        min(len(plain), len(gen.token_ids)),
+                    )
+                    mismatches.append({
+                        "request": i, "position": pos, "n_plain": len(plain),
+                        "n_speculative": len(gen.token_ids),
+                        "plain": plain[pos : pos + 5], "speculative": gen.token_ids[pos : pos + 5],
+                    })
+        finally:
+            llm.draft_model = drafter
+        self.info["greedy_checked"] = len(run.gens)
+        self.info["greedy_mismatch"] = mismatches
+        return 0.0 if mismatches else 1.0
 
     def logprobs(self, text: str, n_tokens: int):
         self.llm = None  # free the speed instance before allocating all-token logits
@@ -230,8 +299,34 @@ class LlamaCppEngine(Engine):
         return tokens, llm.scores[: len(tokens)]
 
     def memory(self) -> dict[str, float]:
-        return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+        out = {"peak_rss_mb": peak_rss_mb()}
+        if self._estimate is not None:
+            out["mem_estimate_mb"] = self._estimate["total_mb"]
+        if self._vram is not None:
+            out["vram_peak_gb"] = self._vram.peak_gb
+            self.info["vram_per_gpu_gb"] = dict(self._vram.per_gpu)
+        return out
 
     def stop(self) -> None:
         self.llm = None
         self._quality_llm = None
+        if getattr(self, "_vram", None) is not None:
+            self._vram.__exit__(None, None, None)
+            self._vram = None
+
+
+def _counting_drafter(max_ngram_size: int, num_pred_tokens: int):
+    """A prompt-lookup drafter that counts its calls and proposed tokens."""
+    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+    class CountingPromptLookup(LlamaPromptLookupDecoding):
+        calls = 0
+        drafted = 0
+
+        def __call__(self, input_ids, /, **kwargs):
+            draft = super().__call__(input_ids, **kwargs)
+            self.calls += 1
+            self.drafted += len(draft)
+            return draft
+
+    return CountingPromptLookup(max_ngram_size=max_ngram_size, num_pred_tokens=num_pred_tokens)

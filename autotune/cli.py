@@ -1,0 +1,102 @@
+"""Command line: ``autotune run [conf=NAME] [OVERRIDES...] [--config-dir DIR] [--dry-run]``.
+
+Bad input exits 2 with one line (key, value, what is allowed) before any trial starts and
+before anything is written. Ctrl-C stops trials in flight, exports what is done, exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from autotune.errors import ConfigError
+
+USAGE_EXAMPLES = """examples:
+  autotune run                                   # default preset: local_cpu
+  autotune run conf=local_cpu study.n_trials=12
+  autotune run --config-dir ~/my-confs conf=my_box
+  autotune run conf=hydra_cluster --dry-run
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="autotune", epilog=USAGE_EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run (or resume) a study", epilog=USAGE_EXAMPLES,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("overrides", nargs="*", help="conf=PRESET and Hydra overrides (key=value)")
+    run.add_argument("--config-dir", help="a directory of your own presets (searched first)")
+    run.add_argument("--dry-run", action="store_true", help="print the plan; run no trial")
+    return p
+
+
+def prepare(overrides: list[str], config_dir: str | None, dry_run: bool = False):
+    """Compose, validate and compile: everything that can fail on bad input. Writes nothing."""
+    from autotune.compose import compose
+    from autotune.config import load_config
+    from autotune.space import baseline_params
+    from autotune.space import compile_space
+    from autotune.validate import validate_all
+
+    cfg = load_config(compose(overrides, config_dir))
+    space = compile_space(cfg)
+    baseline = baseline_params(space, cfg.engine.variants)
+    validate_all(cfg, space, baseline)
+    if not dry_run:
+        missing = space.engine.preflight(cfg.engine.settings)
+        if missing:
+            raise ConfigError("engine.settings.gpus", cfg.engine.kind, missing[0])
+    return cfg, space, baseline
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg, space, baseline = prepare(args.overrides, args.config_dir, args.dry_run)
+    if args.dry_run:
+        from autotune.plan import print_plan
+
+        print_plan(cfg, space, baseline)
+        return 0
+    from autotune.driver import Driver
+    from autotune.placement import Placement
+    from autotune.report import Reporter
+    from autotune.tracking import Tracker
+
+    reporter = Reporter(cfg)
+    tracker = Tracker(cfg) if cfg.tracking.enabled else None
+    placement = Placement(cfg.ray)
+    try:
+        summary = Driver(cfg, space, placement, tracker, reporter).run()
+    finally:
+        placement.shutdown()
+    return 130 if summary.get("interrupted") else 0
+
+
+def _sigterm(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+    except ConfigError as e:
+        print(f"autotune: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("autotune: interrupted", file=sys.stderr)
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

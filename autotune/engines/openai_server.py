@@ -1,0 +1,359 @@
+"""Any OpenAI-compatible server started from an argv template: ``engine.kind: openai_server``.
+
+The server command is a list in ``engine.settings.argv``; each item is filled with
+``str.format`` from the trial's parameters, the fixed settings, ``{port}``, ``{model_path}``
+(the resolved ``model`` variant), ``{python}`` (this interpreter) and ``{workdir}``. It is
+started without a shell, bound to 127.0.0.1, and measured through the shared streaming
+client (:mod:`autotune.engines._openai_stream`). Booleans render as ``true``/``false``,
+lists as ``a,b``, and an item that renders to the empty string is dropped, so a parameter
+can switch a flag off. Literal braces are written ``{{`` and ``}}``.
+
+Settings: ``argv`` (required), ``knobs`` ({name: {type, choices, low, high, doc}}: the
+parameters the template accepts), ``health_path`` (default ``/v1/models``),
+``startup_timeout_s`` (120), ``model_name`` (default: the first id of ``/v1/models``),
+``env`` (extra environment, templated too), ``request`` (extra request fields),
+``count_path`` (a token-count endpoint for servers that send no ``usage`` chunk, e.g.
+llama-cpp-python's ``/extras/tokenize/count``), ``num_cpus`` / ``num_gpus`` (resources).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import string
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotune.engines._openai_stream import HOST
+from autotune.engines._openai_stream import RequestRejected
+from autotune.engines._openai_stream import free_port
+from autotune.engines._openai_stream import post_json
+from autotune.engines._openai_stream import served_model
+from autotune.engines._openai_stream import stream_completion
+from autotune.engines._openai_stream import wait_healthy
+from autotune.engines.base import Engine
+from autotune.engines.base import Generation
+from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import Knob
+from autotune.engines.base import Resources
+from autotune.errors import ConfigError
+from autotune.errors import unknown_name
+from autotune.trial.spec import write_atomic
+
+KNOB_TYPES = ("int", "float", "bool", "str", "list")
+STOP_GRACE_S = 10.0
+
+
+def render(value: Any) -> str:
+    """A parameter value as one argv item: true/false, a,b for lists, '' for None."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(render(v) for v in value)
+    return str(value)
+
+
+def template_fields(item: str) -> list[str]:
+    """The placeholder names used in one template item."""
+    return [f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(item) if f]
+
+
+def fill_argv(template: list[str], values: dict[str, Any], path: str = "engine.settings.argv") -> list[str]:
+    """Fill an argv template item by item (``str.format``); items rendering to '' are dropped."""
+    if not isinstance(template, (list, tuple)) or not template:
+        raise ConfigError(path, template, "expected a non-empty list of argv items (no shell string)")
+    rendered = {k: render(v) for k, v in values.items()}
+    out = []
+    for i, item in enumerate(template):
+        if not isinstance(item, (str, int, float)):
+            raise ConfigError(f"{path}[{i}]", item, "expected a string")
+        missing = [f for f in template_fields(str(item)) if f not in rendered]
+        if missing:
+            raise unknown_name(f"{path}[{i}]", missing[0], rendered, "placeholder")
+        text = str(item).format_map(rendered)
+        if text != "":
+            out.append(text)
+    return out
+
+
+def knobs_from_settings(settings: dict, path: str = "engine.settings.knobs") -> dict[str, Knob]:
+    """Parse ``settings.knobs`` ({name: {type, choices, low, high, doc}}) into Knobs."""
+    raw = settings.get("knobs") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(path, raw, "expected a mapping of knob name -> {type, choices, low, high}")
+    out = {"model": Knob("str", doc="model variant name (engine.variants)")}
+    for name, spec in raw.items():
+        p = f"{path}.{name}"
+        if not isinstance(spec, dict):
+            raise ConfigError(p, spec, "expected {type: int|float|bool|str|list, ...}")
+        extra = set(spec) - {"type", "choices", "low", "high", "doc", "spelling"}
+        if extra:
+            raise unknown_name(f"{p}.{sorted(extra)[0]}", sorted(extra)[0],
+                               ["type", "choices", "low", "high", "doc", "spelling"], "key")
+        kind = spec.get("type", "str")
+        if kind not in KNOB_TYPES:
+            raise unknown_name(f"{p}.type", kind, KNOB_TYPES, "knob type")
+        choices = spec.get("choices")
+        out[name] = Knob(
+            kind, tuple(choices) if choices is not None else None, spec.get("low"),
+            spec.get("high"), spec.get("spelling", ""), spec.get("doc", ""),
+        )
+    return out
+
+
+class OpenAIServerEngine(Engine):
+    """A server process per trial, measured over ``/v1/completions`` streaming.
+
+    Lifecycle: ``start`` picks a free port, starts the command (its own log in the trial's
+    workdir) and waits for the health URL; ``generate`` is thread-safe (one connection per
+    request); ``stop`` terminates the server, then kills it. The server also belongs to the
+    trial's process group, so a killed trial never leaves it behind.
+    """
+
+    name = "openai_server"
+    knobs: dict[str, Knob] = {"model": Knob("str", doc="model variant name (engine.variants)")}
+    uses_variants = True
+    default_health_path = "/v1/models"
+    default_startup_timeout_s = 120.0
+
+    # ---- driver side: pure -------------------------------------------------------
+    @classmethod
+    def knobs_for(cls, settings: dict) -> dict[str, Knob]:
+        """The knobs this engine accepts given its settings (declared in settings.knobs).
+
+        ``Engine.knobs`` is a ClassVar; a template engine's knobs depend on its settings,
+        so validation should call this hook when it exists.
+        """
+        return knobs_from_settings(settings)
+
+    @classmethod
+    def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
+        out: dict[str, Any] = dict(settings.get("defaults") or {})
+        if variants:
+            out.setdefault("model", settings.get("default_variant") or next(iter(variants)))
+        return out
+
+    @classmethod
+    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+        knobs = cls.knobs_for(settings)
+        argv = settings.get("argv")
+        if argv is None:
+            raise ConfigError(f"{path}.settings.argv", argv, "expected the server command as a list")
+        values = cls._placeholder_values(cls.default_params(settings, variants), settings, 0, "", "")
+        values |= {k: "" for k in knobs}
+        fill_argv(argv, values, f"{path}.settings.argv")
+        if variants:
+            from autotune.models import validate_variants
+
+            validate_variants(variants, f"{path}.variants")
+
+    @classmethod
+    def resources(cls, params: dict, settings: dict) -> Resources:
+        return Resources(num_cpus=float(settings.get("num_cpus", 1)),
+                         num_gpus=float(settings.get("num_gpus", 0)))
+
+    @classmethod
+    def check(cls, params: dict, settings: dict) -> list[str]:
+        """Every parameter must be a declared knob with an allowed value."""
+        knobs = cls.knobs_for(settings)
+        reasons = []
+        for name, value in params.items():
+            knob = knobs.get(name)
+            if knob is None:
+                reasons.append(f"{name} is not a knob of this server (declare it in settings.knobs)")
+            elif value is not None and not knob.accepts(value):
+                reasons.append(f"{name}={value!r} is not {knob.allowed()}")
+        return reasons
+
+    @classmethod
+    def _placeholder_values(cls, params: dict, settings: dict, port: int, model_path: str,
+                            workdir: str) -> dict[str, Any]:
+        fixed = {k: v for k, v in settings.items() if not isinstance(v, dict)}
+        return {**fixed, **params, "port": port, "host": HOST, "model_path": model_path,
+                "python": settings.get("python") or sys.executable, "workdir": workdir}
+
+    @classmethod
+    def server_argv(cls, params: dict, settings: dict, port: int, model_path: str,
+                    workdir: str = ".") -> list[str]:
+        """The server's argv for ``params`` (no shell is ever involved)."""
+        values = cls._placeholder_values(params, settings, port, model_path, workdir)
+        return fill_argv(settings.get("argv"), values)
+
+    @classmethod
+    def server_env(cls, params: dict, settings: dict, port: int, model_path: str,
+                   workdir: str = ".") -> dict[str, str]:
+        """Extra environment variables for the server (templated like argv)."""
+        env = settings.get("env") or {}
+        values = cls._placeholder_values(params, settings, port, model_path, workdir)
+        return {k: str(v).format_map({k2: render(v2) for k2, v2 in values.items()})
+                for k, v in env.items()}
+
+    @classmethod
+    def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
+        p = {**cls.default_params(settings, variants), **params}
+        v = variants.get(p.get("model"), {}) if variants else {}
+        model_path = v.get("path") or (f"<variant {p['model']}>" if p.get("model") else "")
+        port = int(settings.get("export_port", 8000))
+        argv = cls.server_argv(p, settings, port, model_path, ".")
+        env = cls.server_env(p, settings, port, model_path, ".")
+        lines = ["#!/usr/bin/env sh", "# Winner exported by autotune (engine openai_server)."]
+        lines += [f"export {k}={shlex.quote(val)}" for k, val in env.items()]
+        path = out_dir / "server.sh"
+        write_atomic(path, "\n".join(lines + [shlex.join(argv)]) + "\n")
+        path.chmod(0o755)
+        return [path]
+
+    # ---- worker side -------------------------------------------------------------
+    def _model_path(self) -> str:
+        p = {**self.default_params(self.settings, self.variants), **self.params}
+        if not self.variants or not p.get("model"):
+            return ""
+        from autotune.models import resolve_variant
+
+        return str(resolve_variant(p["model"], self.variants))
+
+    def _argv_env(self, port: int, model_path: str) -> tuple[list[str], dict[str, str]]:
+        """argv and extra env of this trial's server; subclasses build their own."""
+        p = {**self.default_params(self.settings, self.variants), **self.params}
+        wd = str(self.workdir)
+        return (self.server_argv(p, self.settings, port, model_path, wd),
+                self.server_env(p, self.settings, port, model_path, wd))
+
+    def _startup_failed(self, error: Exception) -> Exception:
+        """Map a failed start to the exception to raise (subclasses spot bad configs)."""
+        return error
+
+    def start(self) -> None:
+        for reason in self.check(self.params, self.settings):
+            raise InfeasibleConfig(reason)
+        self.proc: subprocess.Popen | None = None
+        self.port = free_port()
+        self.base_url = f"http://{HOST}:{self.port}"
+        model_path = self._model_path()
+        argv, env = self._argv_env(self.port, model_path)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.workdir / "server.log"
+        self.info.update(server_argv=argv, server_port=self.port, server_log=str(self.log_path))
+        if model_path:
+            self.info["model_path"] = model_path
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **env}, cwd=self.workdir,
+            )
+        self.info["server_pid"] = self.proc.pid
+        health = self.settings.get("health_path", self.default_health_path)
+        timeout = float(self.settings.get("startup_timeout_s", self.default_startup_timeout_s))
+        try:
+            self.info["server_start_s"] = wait_healthy(self.base_url + health, timeout, self.proc,
+                                                       self.log_path)
+        except (RuntimeError, TimeoutError) as e:
+            raise self._startup_failed(e) from e
+        self.model_name = self.settings.get("model_name") or served_model(self.base_url)
+        self.info["served_model"] = self.model_name
+
+    def _count_tokens(self, text: str) -> int:
+        return int(post_json(self.base_url, self.settings["count_path"],
+                             {"input": text, "model": self.model_name})["count"])
+
+    def request_fields(self) -> dict:
+        """Extra fields of every completion request (settings.request)."""
+        return dict(self.settings.get("request") or {})
+
+    def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
+        count = self._count_tokens if self.settings.get("count_path") else None
+        try:
+            gen, details = stream_completion(
+                self.base_url, prompt, max_tokens, model=self.model_name, ignore_eos=ignore_eos,
+                timeout_s=float(self.settings.get("request_timeout_s", 600)),
+                extra=self.request_fields(), count_tokens=count,
+            )
+        except RequestRejected as e:
+            if e.status == 400:
+                raise InfeasibleConfig(f"the server rejected the request: {e}") from e
+            raise
+        self.info["token_count_source"] = details["token_count_source"]
+        return gen
+
+    def memory(self) -> dict[str, float]:
+        """Peak RSS (VmHWM) of the server and its descendants, summed, in MB.
+
+        Shared pages are counted once per process, so this is an upper bound.
+        """
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return {}
+        total_kb = 0
+        for pid in [proc.pid] + [pid for pid, _ in descendants(proc.pid)]:
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    total_kb += int(line.split()[1])
+        return {"peak_rss_mb": total_kb / 1024.0} if total_kb else {}
+
+    def stop(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is None:
+            return
+        stop_server(proc, float(self.settings.get("stop_timeout_s", STOP_GRACE_S)))
+        self.info["server_exit_code"] = proc.returncode
+        self.proc = None
+
+
+def stop_server(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the server, SIGKILL after ``grace_s``; then kill descendants it left behind.
+
+    Descendants (e.g. vLLM's engine-core and worker processes) are listed before the
+    server is stopped and killed only if the same process (pid and start time) still runs.
+    """
+    children = descendants(proc.pid)
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    for pid, started in children:
+        if _start_time(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rpartition(")")[2].split()
+
+
+def _start_time(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return fields[19] if fields else None
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """(pid, start time) of every descendant of ``pid``, read from /proc ([] without it)."""
+    parents: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        fields = _stat_fields(int(entry.name))
+        if fields:
+            parents.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
+    out: list[tuple[int, str]] = []
+    todo = [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child[0])
+    return out

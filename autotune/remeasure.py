@@ -1,0 +1,112 @@
+"""End-of-study re-measurement: the top-k Pareto candidates and the baseline, side by side.
+
+Search-time numbers come from one trial each, measured at different moments on a noisy
+machine. Before naming a winner, the ``select.top_k`` best candidates (by the selection
+rule) and the baseline are re-run ``select.rerun_repeats`` times, interleaved and in
+alternating order, and the winner is chosen on those pooled numbers. The summary says
+whether the winner's lead over the runner-up and over the baseline is within noise
+(overlapping bootstrap 95% CIs of the medians).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import TYPE_CHECKING
+from typing import Any
+
+from autotune.measure.stats import summarize
+from autotune.measure.stats import within_noise
+from autotune.select import Record
+from autotune.select import rank
+
+if TYPE_CHECKING:
+    from autotune.driver import Driver
+
+RAW_KEYS = {"decode_tps": "decode_tps", "ttft_p50_ms": "ttft_ms"}
+SPEED_PREFIXES = ("decode_", "prefill_", "ttft_", "itl_", "tpot_", "e2e_", "aggregate_", "accept_")
+
+
+def _samples(metric: str, runs: list[dict], raws: list[dict]) -> list[float]:
+    key = RAW_KEYS.get(metric)
+    if key and all(key in r for r in raws):
+        return [x for r in raws for x in r[key]]
+    return [m[metric] for m in runs if metric in m and math.isfinite(m[metric])]
+
+
+def remeasure(driver: Driver, configs: list[Record]) -> dict[int, tuple[list[dict], list[dict]]]:
+    """Re-run each config ``rerun_repeats`` times, interleaved; (metrics, raw samples) lists."""
+    out: dict[int, tuple[list[dict], list[dict]]] = {r.number: ([], []) for r in configs}
+    repeats = driver.cfg.select.rerun_repeats
+    for rep in range(repeats):
+        order = configs if rep % 2 == 0 else list(reversed(configs))
+        for rec in order:
+            number = 1_000_000 + rec.number * 100 + rep
+            spec = driver.spec(number, rec.params, quality=False, tag="remeasure")
+            res = driver.placement.run_now(spec, driver.resources(rec.params))
+            driver.report.remeasured(rec.number, rep, res)
+            if res.ok:
+                out[rec.number][0].append(res.metrics)
+                out[rec.number][1].append(res.info.get("samples", {}))
+    return out
+
+
+def _merge(rec: Record, runs: list[dict], driver: Driver) -> Record:
+    """The record with its speed metrics replaced by medians over the re-runs."""
+    if not runs:
+        return replace(rec, feasible=False, reason="re-measurement failed")
+    metrics = dict(rec.metrics)
+    for key in {k for m in runs for k in m}:
+        if key.startswith(SPEED_PREFIXES) or key in ("peak_rss_mb", "vram_peak_gb"):
+            vals = [m[key] for m in runs if key in m and math.isfinite(m[key])]
+            if vals:
+                metrics[key] = statistics.median(vals)
+    from autotune.study import constraint_values
+
+    cons = constraint_values(driver.cfg, metrics)
+    return replace(rec, metrics=metrics, feasible=all(v <= 0 for v in cons.values()), violations=cons)
+
+
+def choose_winner(driver: Driver, front: list[Record], baseline: Record | None) -> dict[str, Any]:
+    """Pick the winner on re-measured numbers; returns winner, speed-up and noise verdicts."""
+    sel = driver.cfg.select
+    objectives = [o.metric for o in driver.cfg.objectives]
+    ranked = rank(front, sel.rule, sel.metric, objectives, sel.weights)
+    if not ranked:
+        return {"winner": None, "note": "no feasible trial: nothing to export as a winner"}
+    if sel.top_k == 0 or sel.rerun_repeats == 0:
+        return {"winner": ranked[0]}
+    candidates = ranked[: sel.top_k]
+    configs = candidates + ([baseline] if baseline and baseline.status == "ok"
+                            and baseline.number not in {c.number for c in candidates} else [])
+    driver.report.note(f"re-measuring trials {[c.number for c in configs]} x{sel.rerun_repeats}, interleaved")
+    runs = remeasure(driver, configs)
+    merged = {r.number: _merge(r, runs[r.number][0], driver) for r in configs}
+    pool = [merged[c.number] for c in candidates if merged[c.number].feasible]
+    if baseline is not None and baseline.number in merged and baseline.feasible and merged[baseline.number].feasible:
+        pool.append(merged[baseline.number])
+    if not pool:
+        return {"winner": ranked[0], "note": "re-measurement left no feasible candidate; winner from the search"}
+    final = rank(pool, sel.rule, sel.metric, objectives, sel.weights)
+    winner = final[0]
+    samples = {n: _samples(sel.metric, *runs[n]) for n in runs}
+    table = {n: {"median": summarize(s).median, "ci95": [summarize(s).ci_low, summarize(s).ci_high],
+                 "n": len(s)} for n, s in samples.items()}
+    out: dict[str, Any] = {"winner": winner, "remeasured": {"metric": sel.metric, "by_trial": table}}
+    if len(final) > 1:
+        out["lead_within_noise"] = within_noise(samples[winner.number], samples[final[1].number])
+        out["runner_up"] = final[1].number
+    if baseline is not None and baseline.number in samples and samples[baseline.number]:
+        b = summarize(samples[baseline.number]).median
+        w = summarize(samples[winner.number]).median
+        if b and math.isfinite(b) and math.isfinite(w):
+            from objectives import get_metric
+
+            out["speedup"] = w / b if get_metric(sel.metric).higher_is_better else b / w
+            out["speedup_source"] = "re-measured side by side"
+            out["speedup_within_noise"] = (
+                winner.number != baseline.number
+                and within_noise(samples[winner.number], samples[baseline.number])
+            )
+    return out

@@ -1,0 +1,52 @@
+"""Cross-section checks run before any trial: enqueued configs, reference, workload vs engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.errors import unknown_name
+
+if TYPE_CHECKING:
+    from autotune.config import Config
+    from autotune.space import Space
+
+
+def validate_enqueue(space: Space, baseline: dict[str, Any], extra: list[Any]) -> None:
+    """Each ``study.enqueue`` entry names space parameters with values inside the space."""
+    for i, item in enumerate(extra):
+        path = f"study.enqueue[{i}]"
+        if not isinstance(item, dict) or not item:
+            raise ConfigError(path, item, "expected a mapping of parameter -> value")
+        for k, v in item.items():
+            if k not in space.params:
+                raise unknown_name(f"{path}.{k}", k, space.params, "space parameter")
+            if not space.params[k].contains(v):
+                raise ConfigError(f"{path}.{k}", v, "value is outside the space")
+        reasons = space.violations(space.restrict({**baseline, **item}))
+        if reasons:
+            raise ConfigError(path, item, "breaks a rule: " + "; ".join(reasons))
+
+
+def validate_reference(cfg: Config, space: Space) -> None:
+    knobs = space.engine.knobs_for(cfg.engine.settings)
+    for k, v in cfg.quality.reference.items():
+        path = f"quality.reference.{k}"
+        if k not in knobs:
+            raise unknown_name(path, k, knobs, f"knob of engine {cfg.engine.kind}")
+        if k == "model" and cfg.engine.variants:
+            if v not in cfg.engine.variants:
+                raise unknown_name(path, v, cfg.engine.variants, "model variant")
+        elif not knobs[k].accepts(v):
+            raise ConfigError(path, v, f"the engine accepts {knobs[k].allowed()}")
+
+
+def validate_all(cfg: Config, space: Space, baseline: dict[str, Any]) -> None:
+    """Everything that can be checked without running a trial."""
+    validate_enqueue(space, baseline, cfg.study.enqueue)
+    validate_reference(cfg, space)
+    max_conc = getattr(space.engine, "max_concurrency", None)
+    if max_conc is not None and cfg.workload.concurrency > max_conc:
+        raise ConfigError("workload.concurrency", cfg.workload.concurrency,
+                          f"engine {cfg.engine.kind} serves at most {max_conc} request(s) at a time")

