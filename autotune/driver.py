@@ -182,6 +182,7 @@ class Driver:
         baseline = next((r for r in recs if r.number == 0), None)
         verdict = {} if interrupted else choose_winner(self, front, baseline)
         winner = verdict.get("winner") or (front[0] if front else None)
+        baseline = verdict.pop("baseline_remeasured", None) or baseline
         summary = {
             "study": cfg.study.name, "engine": cfg.engine.kind, "interrupted": interrupted,
             "n_trials": len(recs), "n_feasible": sum(r.feasible for r in recs),

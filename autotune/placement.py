@@ -48,7 +48,8 @@ class Placement:
             if cfg.address:
                 ray.init(address=cfg.address, **kwargs)
             else:
-                ray.init(num_cpus=cfg.num_cpus or cpu_count(), num_gpus=cfg.num_gpus,
+                # address="local": always a fresh embedded instance, never a head found on this box
+                ray.init(address="local", num_cpus=cfg.num_cpus or cpu_count(), num_gpus=cfg.num_gpus,
                          resources=cfg.resources or None, **kwargs)
             self.owns_ray = True
         self._task = ray.remote(max_retries=0)(_run_remote)

@@ -94,6 +94,8 @@ def choose_winner(driver: Driver, front: list[Record], baseline: Record | None) 
     table = {n: {"median": summarize(s).median, "ci95": [summarize(s).ci_low, summarize(s).ci_high],
                  "n": len(s)} for n, s in samples.items()}
     out: dict[str, Any] = {"winner": winner, "remeasured": {"metric": sel.metric, "by_trial": table}}
+    if baseline is not None and baseline.number in merged:
+        out["baseline_remeasured"] = merged[baseline.number]
     if len(final) > 1:
         out["lead_within_noise"] = within_noise(samples[winner.number], samples[final[1].number])
         out["runner_up"] = final[1].number

@@ -90,7 +90,8 @@ class Reporter:
         if win is None:
             self.console.print("[red]No feasible configuration found.[/red] " + s.get("note", ""))
         else:
-            t = Table(title="baseline (trial 0, engine defaults) vs winner")
+            self.console.print("[bold]baseline (trial 0, engine defaults) vs winner[/bold]", soft_wrap=True)
+            t = Table()
             t.add_column("metric")
             t.add_column(f"baseline #{base['number']}" if base else "baseline")
             t.add_column(f"winner #{win['number']}")

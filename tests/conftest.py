@@ -1,0 +1,36 @@
+"""Shared fixtures: run the real CLI in a subprocess inside a temporary working directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``autotune ARGS`` as a real subprocess (no shell), text output captured."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "autotune.cli", *args], cwd=cwd, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def cli(tmp_path: Path):
+    """Call the CLI with tmp_path as the working directory."""
+    def _run(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
+        return run_cli(list(args), tmp_path, timeout, env)
+
+    return _run
+
+
+def study_overrides(tmp_path: Path, name: str = "e2e") -> list[str]:
+    """Keep a study's files (Optuna, MLflow, exports) inside tmp_path."""
+    return [
+        f"study.name={name}", f"study.dir={tmp_path}/studies/{name}",
+        f"tracking.uri=sqlite:///{tmp_path}/mlruns/mlflow.db", f"tracking.artifacts={tmp_path}/mlruns/artifacts",
+    ]
