@@ -102,9 +102,9 @@ class Driver:
             study.set_user_attr(studylib.tracking_key(), self.tracker.start_study(
                 cfg.study.name, study.user_attrs.get(studylib.tracking_key()), {"engine": cfg.engine.kind}))
         self.report.start(study, resumed, studylib.n_finished(study))
-        self.ensure_reference()
         interrupted = False
         try:
+            self.ensure_reference()
             self._loop(study, t0)
         except KeyboardInterrupt:
             interrupted = True

