@@ -201,6 +201,8 @@ class Driver:
                 summary["speedup"] = w / b
                 summary["speedup_source"] = "search"
         summary["winner_metrics"] = winner.metrics if winner else {}
+        if winner:
+            summary["warnings"] = self.space.engine.export_warnings(winner.params, cfg.engine.settings)
         files = export.write_all(self.dir, cfg, self.space, front, winner, summary)
         if self.tracker:
             self.tracker.finish(summary, files, "KILLED" if interrupted else "FINISHED")

@@ -161,6 +161,11 @@ class Engine:
         """Write the winner in the engine's own form; return the files written."""
         return []
 
+    @classmethod
+    def export_warnings(cls, params: dict, settings: dict) -> list[str]:
+        """What the exported files cannot reproduce of what was measured (shown in the summary)."""
+        return []
+
     # ---- worker side -------------------------------------------------------------
     def __init__(self, settings: dict, variants: dict, params: dict, workdir: Path) -> None:
         self.settings = settings
