@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
+import yaml
+
 from autotune import study as studylib
 from autotune.measure.quality import reference_ready
 from autotune.samplers import make_sampler
@@ -101,6 +103,10 @@ class Driver:
         if self.tracker:
             study.set_user_attr(studylib.tracking_key(), self.tracker.start_study(
                 cfg.study.name, study.user_attrs.get(studylib.tracking_key()), {"engine": cfg.engine.kind}))
+            space_text = "\n".join(
+                f"{p.name}: {p.kind} {p.values() if p.values() is not None else p.dist}"
+                + (f" when {p.when.text}" if p.when else "") for p in self.space.params.values())
+            self.tracker.log_config(yaml.safe_dump(cfg.raw, sort_keys=False), space_text)
         self.report.start(study, resumed, studylib.n_finished(study))
         interrupted = False
         try:

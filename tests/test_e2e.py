@@ -89,6 +89,8 @@ def test_mlflow_runs_match_the_optuna_trials(study):
         if t.user_attrs["status"] != "infeasible" or not t.user_attrs["reason"].startswith("rule"):
             assert any(a.path == "trial.log" for a in client.list_artifacts(run.info.run_id))
     assert client.get_run(parent).info.status == "FINISHED"
+    names = {a.path for a in client.list_artifacts(parent)}
+    assert {"config.yaml", "space.txt", "pareto.json", "summary.json"} <= names
 
 
 def test_best_yaml_is_a_usable_preset(study):
