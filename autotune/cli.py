@@ -11,7 +11,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from autotune.errors import ConfigError
 

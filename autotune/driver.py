@@ -125,7 +125,8 @@ class Driver:
         slots = cfg.ray.max_concurrent or self.placement.default_slots()
         while True:
             over_time = cfg.study.timeout_s is not None and time.monotonic() - t0 > cfg.study.timeout_s
-            while (not over_time and len(self.pending) < slots
+            exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
+            while (not over_time and len(self.pending) < slots and not exhausted(study)
                    and studylib.n_finished(study) + len(self.pending) < cfg.study.n_trials):
                 self._ask_one(study)
             if not self.pending:

@@ -1,8 +1,13 @@
-"""``--dry-run``: print the resolved config, the compiled space, rules, objectives and plan."""
+"""``--dry-run``: print the resolved config, the compiled space, rules, objectives and plan.
+
+Nothing is written and no trial, Ray runtime or MLflow store is started: the plan is
+computed from the config alone (plus NVML, read-only, for the GPUs of this machine).
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -16,8 +21,17 @@ if TYPE_CHECKING:
     from autotune.config import Config
     from autotune.space import Space
 
+SAMPLER_NOTES = {
+    "tpe": "tpe (multivariate, grouped for conditional parameters, constant liar)",
+    "gp": "gp (Gaussian process, torch)",
+    "nsga2": "nsga2 (genetic, multi-objective)",
+    "random": "random",
+    "grid": "grid (every configuration in turn)",
+}
+
 
 def describe_param(p) -> str:
+    """One line: the values a parameter takes, and its condition."""
     d = p.dist
     if d is None:
         text = f"fixed {p.value!r}"
@@ -30,6 +44,7 @@ def describe_param(p) -> str:
 
 
 def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Console | None = None) -> None:
+    """Print the plan of a study; run nothing, write nothing."""
     from autotune.gpus import list_gpus
 
     c = console or Console(highlight=False)
@@ -45,9 +60,19 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
     c.print(t)
     size = space.size()
     c.print(f"space size: {'continuous' if math.isinf(size) else f'{int(size):,} configurations'}")
-    c.print("rules: " + ("; ".join(f"{r.reason}" for r in space.rules) or "none"))
+    c.print("rules (checked before launch; a breaking proposal is recorded infeasible, never run):")
+    for r in space.rules:
+        expr = r.require.text + (f" when {r.when.text}" if r.when else "")
+        c.print(f"  {r.path}: {expr}" + (f"  ({r.reason})" if r.reason != expr else ""))
+    if not space.rules:
+        c.print("  none")
     c.print("objectives: " + ", ".join(f"{o.metric} ({o.direction})" for o in cfg.objectives))
     c.print("constraints: " + (", ".join(map(str, cfg.constraints)) or "none"))
+    c.print(f"winner: select.rule {cfg.select.rule} "
+            + (f"on {cfg.select.metric}" if cfg.select.rule == "max" else
+               f"weights {cfg.select.weights}" if cfg.select.rule == "weighted" else "over the objectives")
+            + (f"; top {cfg.select.top_k} re-measured x{cfg.select.rerun_repeats} with the baseline"
+               if cfg.select.top_k and cfg.select.rerun_repeats else "; no re-measurement"))
     c.rule("resource plan")
     res = space.engine.resources(baseline, cfg.engine.settings)
     gpus = list_gpus()
@@ -60,5 +85,18 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
         c.print(f"[yellow]cannot run here: {need[0]}[/yellow]")
     c.print(f"Ray: {cfg.ray.address or 'local embedded'}; max concurrent trials: "
             f"{cfg.ray.max_concurrent or 'as resources allow'}")
-    c.print(f"study: {cfg.study.n_trials} trials, sampler {cfg.study.sampler}, storage {cfg.storage_url}")
+    launch = getattr(space.engine, "describe_launch", None)
+    if launch is not None:
+        text = launch(baseline, cfg.engine.settings, cfg.engine.variants, asdict(cfg.workload))
+        c.print(f"trial 0 runs: {text}", markup=False)
+    c.rule("study")
+    budget = f"{cfg.study.n_trials} trials" + (
+        f" or {cfg.study.timeout_s:g} s, whichever comes first" if cfg.study.timeout_s else "")
+    c.print(f"budget: {budget}; each trial at most {cfg.study.trial_timeout_s:g} s")
+    c.print(f"sampler: {SAMPLER_NOTES.get(cfg.study.sampler, cfg.study.sampler)}, seed {cfg.study.seed}")
+    c.print(f"trial 0: the baseline {baseline}", markup=False)
+    for i, item in enumerate(cfg.study.enqueue):
+        c.print(f"trial {i + 1}: enqueued {item}", markup=False)
+    c.print(f"storage {cfg.storage_url}; MLflow {cfg.tracking.uri if cfg.tracking.enabled else 'off'}",
+            markup=False)
     c.print("[dim]dry run: no trial was started and nothing was written[/dim]")

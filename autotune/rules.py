@@ -1,7 +1,7 @@
 """Safe expressions over trial parameters: rules (``n_ubatch <= n_batch``) and ``when`` conditions.
 
 Expressions use a small subset of Python (comparisons, and/or/not, arithmetic, ``in``,
-literals, ``len/min/max/sum/abs``). Names must be parameters of the space; an unknown
+literals, indexing such as ``gpu_split[0]``, ``len/min/max/sum/abs``). Names must be parameters of the space; an unknown
 name fails at load with a suggestion. A parameter that is inactive (its ``when`` is false)
 is ``None``; a rule that mentions an inactive parameter does not apply.
 """
@@ -16,12 +16,13 @@ from typing import Any
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
 
+_EVAL_ERRORS = (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError)
 _FUNCS = {"len": len, "min": min, "max": max, "sum": sum, "abs": abs}
 _ALLOWED = (
     ast.Expression, ast.BoolOp, ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.UAdd,
     ast.BinOp, ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.Compare,
     ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.In, ast.NotIn, ast.Name,
-    ast.Load, ast.Constant, ast.List, ast.Tuple, ast.Call, ast.IfExp,
+    ast.Load, ast.Constant, ast.List, ast.Tuple, ast.Call, ast.IfExp, ast.Subscript, ast.Slice,
 )
 
 
@@ -41,6 +42,15 @@ class Expr:
         """False if any name it reads is inactive (None) in ``params``."""
         return all(params.get(n) is not None for n in self.names)
 
+    def holds(self, params: dict[str, Any]) -> bool:
+        """True if every name is active and the expression is truthy (an error is False)."""
+        if not self.applies(params):
+            return False
+        try:
+            return bool(self(params))
+        except _EVAL_ERRORS:
+            return False
+
 
 def compile_expr(text: Any, known: Iterable[str], path: str) -> Expr:
     """Parse and check an expression; names must be in ``known``."""
@@ -56,7 +66,7 @@ def compile_expr(text: Any, known: Iterable[str], path: str) -> Expr:
         if not isinstance(node, _ALLOWED):
             raise ConfigError(
                 path, text, f"'{type(node).__name__}' is not allowed; use comparisons, "
-                "and/or/not, arithmetic, 'in' and len/min/max/sum/abs"
+                "and/or/not, arithmetic, 'in', indexing and len/min/max/sum/abs"
             )
         if isinstance(node, ast.Call):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS:
@@ -78,14 +88,13 @@ class Rule:
     path: str
 
     def violated(self, params: dict[str, Any]) -> bool:
-        if self.when is not None:
-            if not self.when.applies(params) or not self.when(params):
-                return False
+        if self.when is not None and not self.when.holds(params):
+            return False
         if not self.require.applies(params):
             return False
         try:
             return not bool(self.require(params))
-        except (TypeError, ValueError, ZeroDivisionError):
+        except _EVAL_ERRORS:
             return True
 
 

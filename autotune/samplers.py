@@ -7,9 +7,8 @@ trials in flight push parallel proposals apart. Constraints reach every sampler 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import warnings
+from typing import TYPE_CHECKING
 
 import optuna
 
@@ -17,6 +16,36 @@ from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
     from autotune.space import Space
+
+
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler for an ask/tell loop: Optuna's calls ``study.stop()`` once the grid is
+    exhausted, which raises outside ``study.optimize``. The driver's budget ends the study
+    instead; :meth:`is_exhausted` says when every grid point has been visited.
+    """
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
+def torch_available() -> bool:
+    """Whether ``import torch`` would work (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("torch") is not None
+
+
+def check_sampler(name: str, space: Space) -> None:
+    """Refuse, before anything is written, a sampler that cannot search ``space``."""
+    if name == "gp" and not torch_available():
+        raise ConfigError("study.sampler", name, "the GP sampler needs torch, which is not installed",
+                          "Install it (pip install torch==2.13.0) or use sampler tpe")
+    if name == "grid":
+        conditional = [p.name for p in space.params.values() if p.when is not None]
+        if conditional:
+            raise ConfigError("study.sampler", name, f"the grid sampler cannot search conditional "
+                              f"parameters (space.{conditional[0]}.when); use tpe or random")
+        space.grid()  # a continuous dimension raises with its path
 
 
 def make_sampler(name: str, seed: int | None, space: Space, n_trials: int) -> optuna.samplers.BaseSampler:
@@ -28,18 +57,13 @@ def make_sampler(name: str, seed: int | None, space: Space, n_trials: int) -> op
             seed=seed, multivariate=True, group=True, constant_liar=True,
             n_startup_trials=startup,
         )
+    check_sampler(name, space)
     if name == "gp":
-        try:
-            import torch  # noqa: F401
-        except ImportError:
-            raise ConfigError("study.sampler", name, "the GP sampler needs torch: pip install torch (or use tpe)") from None
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, n_trials // 3)))
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        if any(p.when is not None for p in space.params.values()):
-            raise ConfigError("study.sampler", name, "the grid sampler cannot search conditional parameters (when:); use tpe")
-        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+        return AskTellGridSampler(space.grid(), seed=seed)
     raise ConfigError("study.sampler", name, "expected one of tpe, gp, nsga2, random, grid")

@@ -47,24 +47,35 @@ def _norm(records: list[Record], metric: str) -> dict[int, float]:
     return out
 
 
+def _uses(rule: str, metric: str, objectives: list[str], weights: dict[str, float]) -> list[str]:
+    """The metrics a selection rule reads."""
+    return {"max": [metric], "knee": list(objectives)}.get(rule, list(weights))
+
+
 def rank(records: list[Record], rule: str, metric: str, objectives: list[str], weights: dict[str, float]) -> list[Record]:
-    """Order candidates best-first under the selection rule."""
-    if not records:
-        return []
+    """Order candidates best-first under the selection rule; ties go to the earlier trial.
+
+    A record without a finite value for a metric the rule reads ranks after every record
+    that has them all.
+    """
+    if rule not in ("max", "knee", "weighted"):
+        raise ValueError(f"unknown selection rule {rule!r}")
+    used = _uses(rule, metric, objectives, weights)
+    complete = [r for r in records if all(math.isfinite(r.metrics.get(m, math.nan)) for m in used)]
+    rest = sorted((r for r in records if r not in complete), key=lambda r: r.number)
+    if not complete:
+        return rest
     if rule == "max":
-        m = get_metric(metric)
-        sign = -1.0 if m.higher_is_better else 1.0
-        return sorted(records, key=lambda r: (sign * r.metrics.get(metric, -sign * math.inf), r.number))
+        sign = -1.0 if get_metric(metric).higher_is_better else 1.0
+        return sorted(complete, key=lambda r: (sign * r.metrics[metric], r.number)) + rest
     if rule == "knee":
-        norms = [_norm(records, o) for o in objectives]
-        dist = {r.number: math.sqrt(sum((1.0 - n[r.number]) ** 2 for n in norms)) for r in records}
-        return sorted(records, key=lambda r: (dist[r.number], r.number))
-    if rule == "weighted":
-        total = sum(abs(w) for w in weights.values()) or 1.0
-        norms = {m: _norm(records, m) for m in weights}
-        score = {r.number: sum(w * norms[m][r.number] for m, w in weights.items()) / total for r in records}
-        return sorted(records, key=lambda r: (-score[r.number], r.number))
-    raise ValueError(f"unknown selection rule {rule!r}")
+        norms = [_norm(complete, o) for o in objectives]
+        dist = {r.number: math.sqrt(sum((1.0 - n[r.number]) ** 2 for n in norms)) for r in complete}
+        return sorted(complete, key=lambda r: (dist[r.number], r.number)) + rest
+    total = sum(abs(w) for w in weights.values()) or 1.0
+    norms = {m: _norm(complete, m) for m in weights}
+    score = {r.number: sum(w * norms[m][r.number] for m, w in weights.items()) / total for r in complete}
+    return sorted(complete, key=lambda r: (-score[r.number], r.number)) + rest
 
 
 def pareto_front(records: list[Record], objectives: list[str]) -> list[Record]:

@@ -8,6 +8,7 @@ parameter whose ``when`` is false is never suggested (conditional parameters).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import math
@@ -47,6 +48,7 @@ _KEYS = {
 }
 ENUMERATE_LIMIT = 50_000
 SAMPLES = 4_000
+DIGITS = 10  # float parameters on a step are rounded to this many decimals (0.1 + 0.2 = 0.3)
 
 
 def encode(value: Any) -> Any:
@@ -55,8 +57,13 @@ def encode(value: Any) -> Any:
 
 
 def decode(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in "[{":
-        return json.loads(value)
+    """Inverse of :func:`encode`; a plain string (``""``, ``"[x"``) stays a string."""
+    if isinstance(value, str) and value[:1] in ("[", "{"):
+        try:
+            out = json.loads(value)
+        except ValueError:
+            return value
+        return out if isinstance(out, (list, dict)) else value
     return value
 
 
@@ -71,9 +78,7 @@ class Param:
     when: Expr | None = None
 
     def active(self, values: dict[str, Any]) -> bool:
-        if self.when is None:
-            return True
-        return self.when.applies(values) and bool(self.when(values))
+        return self.when is None or self.when.holds(values)
 
     def values(self) -> list[Any] | None:
         """All values of a finite dimension (None for a continuous one)."""
@@ -88,14 +93,18 @@ class Param:
             return list(range(d.low, d.high + 1, d.step))
         if d.step is not None:
             n = int(round((d.high - d.low) / d.step))
-            return [d.low + i * d.step for i in range(n + 1)]
+            return [round(d.low + i * d.step, DIGITS) for i in range(n + 1)]
         return None
 
     def sample(self, rng: random.Random) -> Any:
+        d = self.dist
+        if isinstance(d, IntDistribution):  # no list of a million ints per draw
+            if d.log:
+                return min(d.high, int(round(math.exp(rng.uniform(math.log(d.low), math.log(d.high))))))
+            return rng.randrange(d.low, d.high + 1, d.step)
         vals = self.values()
         if vals is not None:
             return rng.choice(vals)
-        d = self.dist
         if d.log:
             return math.exp(rng.uniform(math.log(d.low), math.log(d.high)))
         return rng.uniform(d.low, d.high)
@@ -136,7 +145,8 @@ class Space:
             elif isinstance(p.dist, IntDistribution):
                 values[p.name] = trial.suggest_int(p.name, p.dist.low, p.dist.high, step=p.dist.step, log=p.dist.log)
             else:
-                values[p.name] = trial.suggest_float(p.name, p.dist.low, p.dist.high, step=p.dist.step, log=p.dist.log)
+                v = trial.suggest_float(p.name, p.dist.low, p.dist.high, step=p.dist.step, log=p.dist.log)
+                values[p.name] = round(v, DIGITS) if p.dist.step is not None else v
         return values
 
     def restrict(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +211,20 @@ def _check_knob(path: str, knob: Knob, value: Any) -> None:
         raise ConfigError(path, value, f"the engine accepts {knob.allowed()}")
 
 
-def compile_param(name: str, spec: Any, knob: Knob, path: str, known: list[str], variants: dict) -> Param:
+def _compile_when(text: Any, known: list[str], path: str, name: str, names: Any) -> Expr:
+    """``when`` may name only parameters declared above this one (define-by-run order)."""
+    try:
+        return compile_expr(text, known, path)
+    except ConfigError as e:
+        if e.value not in names:
+            raise
+        why = "cannot name itself" if e.value == name else f"names {e.value}, declared after {name}"
+        raise ConfigError(path, text, f"a 'when' {why}; it may only name parameters declared "
+                          "above it, so move them up in space") from None
+
+
+def compile_param(name: str, spec: Any, knob: Knob, path: str, known: list[str], variants: dict,
+                  names: Any = ()) -> Param:
     """Validate one ``space.NAME`` entry against its knob and build the Param."""
     if not isinstance(spec, dict):
         spec = {"type": "fixed", "value": spec}
@@ -210,8 +233,8 @@ def compile_param(name: str, spec: Any, knob: Knob, path: str, known: list[str],
         raise unknown_name(f"{path}.type", kind, PARAM_TYPES, "parameter type")
     for key in spec:
         if key not in _KEYS[kind]:
-            raise unknown_name(f"{path}.{key}", key, _KEYS[kind], f"key for a {kind} parameter")
-    when = compile_expr(spec["when"], known, f"{path}.when") if "when" in spec else None
+            raise unknown_name(f"{path}.{key}", key, _KEYS[kind], f"key for {'an' if kind == 'int' else 'a'} {kind} parameter")
+    when = _compile_when(spec["when"], known, f"{path}.when", name, names) if "when" in spec else None
     is_model = name == "model" and variants
     if kind in ("int", "float"):
         integer = kind == "int"
@@ -238,6 +261,10 @@ def compile_param(name: str, spec: Any, knob: Knob, path: str, known: list[str],
             raise ConfigError(f"{path}.low", low, "a log-scale parameter needs low > 0")
         if log and step not in (None, 1):
             raise ConfigError(f"{path}.step", step, "log scale cannot be combined with a step")
+        if step is not None and not log and abs((n := (high - low) / step) - round(n)) > 1e-9:
+            fit = low + int(n) * step
+            raise ConfigError(f"{path}.high", high, f"(high - low) must be a multiple of step {step:g} "
+                              f"so that high is reachable; use high: {fit:g} or {fit + step:g}")
         _check_knob(f"{path}.low", knob, low)
         _check_knob(f"{path}.high", knob, high)
         if integer:
@@ -284,7 +311,8 @@ def compile_space(cfg: Config) -> Space:
         path = f"space.{name}"
         if name not in knobs:
             raise unknown_name(path, name, knobs, f"knob of engine {cfg.engine.kind}")
-        params[name] = compile_param(name, spec, knobs[name], path, list(params), cfg.engine.variants)
+        params[name] = compile_param(name, spec, knobs[name], path, list(params), cfg.engine.variants,
+                                     list(cfg.space))
     rules = [compile_rule(r, params, f"rules[{i}]") for i, r in enumerate(cfg.rules)]
     space = Space(params, rules, engine, cfg.engine.settings)
     _check_rules_satisfiable(space)
@@ -292,17 +320,60 @@ def compile_space(cfg: Config) -> Space:
 
 
 def _check_rules_satisfiable(space: Space) -> None:
-    """A rule that no configuration of the space satisfies is a config error."""
-    if not space.rules:
-        return
+    """A rule, a ``when`` or a choice that no configuration of the space allows is an error."""
     configs = list(space.configurations())
     for rule in space.rules:
-        applicable = [c for c in configs if rule.when is None or (rule.when.applies(c) and rule.when(c))]
+        applicable = [c for c in configs if rule.when is None or rule.when.holds(c)]
         if applicable and all(rule.violated({n: c.get(n) for n in space.params}) for c in applicable):
             how = "any" if space.size() <= ENUMERATE_LIMIT else f"{len(configs)} sampled"
             raise ConfigError(rule.path, rule.require.text, f"this rule never holds for {how} configurations of the space")
-    if all(any(r.violated({n: c.get(n) for n in space.params}) for r in space.rules) for c in configs):
+    if space.rules and all(any(r.violated({n: c.get(n) for n in space.params}) for r in space.rules) for c in configs):
         raise ConfigError("rules", [r.require.text for r in space.rules], "no configuration of the space satisfies all rules together")
+    _check_reachable(space, configs)
+
+
+def _check_reachable(space: Space, configs: list[dict[str, Any]]) -> None:
+    """Every ``when`` holds somewhere; every choice runs (rules + engine check) somewhere.
+
+    A categorical value that the rules or the engine refuse in every combination (a
+    ``gpu_split`` too big for the planned GPUs) is an error at load, not a string of
+    infeasible trials; a space too big to enumerate is probed around sampled configurations.
+    """
+    exact = space.size() <= ENUMERATE_LIMIT
+    how = "any configuration" if exact else f"{len(configs)} sampled configurations"
+    for p in space.params.values():
+        if p.when is not None and not any(p.name in c for c in configs):
+            raise ConfigError(f"space.{p.name}.when", p.when.text, f"never holds for {how} of the space")
+    finite = [p for p in space.params.values() if p.kind in ("categorical", "bool")]
+    if not finite:
+        return
+    if not exact:  # probe each choice in up to 100 sampled configurations where it is active
+        configs = [space.restrict({**c, p.name: v}) for p in finite for v in p.values()
+                   for c in [c for c in configs if p.name in c][:100]]
+    runs: dict[str, set] = {p.name: set() for p in finite}
+    why: dict[tuple[str, str], collections.Counter] = collections.defaultdict(collections.Counter)
+    for c in configs:
+        full = {n: c.get(n) for n in space.params}
+        reasons = [r.reason for r in space.rules if r.violated(full)]
+        reasons += space.engine.check(c, space.settings)
+        for p in finite:
+            if p.name in c:
+                key = json.dumps(encode(c[p.name]))
+                if not reasons:
+                    runs[p.name].add(key)
+                elif key not in runs[p.name]:
+                    why[(p.name, key)].update(set(reasons))
+    for p in finite:
+        if not runs[p.name]:
+            continue  # nothing runs at all: reported by the rules check with its rule
+        for i, v in enumerate(p.values()):
+            key = json.dumps(encode(v))
+            if key not in runs[p.name] and why[(p.name, key)]:
+                where = f"space.{p.name}" + (f".choices[{i}]" if p.kind == "categorical" else "")
+                reason = why[(p.name, key)].most_common(1)[0][0]  # the one that always applies
+                scope = "" if exact else " (100 sampled)"
+                raise ConfigError(where, v, f"no configuration{scope} with this value can run: {reason}",
+                                  "Remove it or relax the rule")
 
 
 def baseline_params(space: Space, variants: dict) -> dict[str, Any]:

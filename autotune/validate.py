@@ -1,4 +1,6 @@
-"""Cross-section checks run before any trial: enqueued configs, reference, workload vs engine."""
+"""Cross-section checks run before any trial: enqueued configs, reference, workload vs engine,
+quality vs engine, the sampler vs the space, and the command engine's timeout vs the trial's.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +26,13 @@ def validate_enqueue(space: Space, baseline: dict[str, Any], extra: list[Any]) -
                 raise unknown_name(f"{path}.{k}", k, space.params, "space parameter")
             if not space.params[k].contains(v):
                 raise ConfigError(f"{path}.{k}", v, "value is outside the space")
-        reasons = space.violations(space.restrict({**baseline, **item}))
+        full = space.restrict({**baseline, **item})
+        for k, v in item.items():
+            if k not in full:
+                when = space.params[k].when
+                raise ConfigError(f"{path}.{k}", v, f"{k} is inactive in this configuration "
+                                  f"(its when: {when.text if when else '?'} is false); set what it depends on")
+        reasons = space.violations(full)
         if reasons:
             raise ConfigError(path, item, "breaks a rule: " + "; ".join(reasons))
 
@@ -42,8 +50,32 @@ def validate_reference(cfg: Config, space: Space) -> None:
             raise ConfigError(path, v, f"the engine accepts {knobs[k].allowed()}")
 
 
+def validate_quality(cfg: Config, space: Space) -> None:
+    """Quality needs the engine's logits; an engine that measures itself cannot give them."""
+    if cfg.quality.enabled and not getattr(space.engine, "supports_quality", True):
+        raise ConfigError(
+            "quality.enabled", True,
+            f"engine {cfg.engine.kind} measures itself and exposes no logits, so autotune cannot "
+            "measure quality; set quality.enabled: false (the command may print ppl_delta_pct)",
+        )
+
+
+def validate_timeouts(cfg: Config) -> None:
+    """A command's own timeout must fire before the trial runner kills the whole trial."""
+    own = cfg.engine.settings.get("timeout_s") if cfg.engine.kind == "command" else None
+    if isinstance(own, (int, float)) and own >= cfg.study.trial_timeout_s:
+        raise ConfigError("engine.settings.timeout_s", own,
+                          f"must be below study.trial_timeout_s ({cfg.study.trial_timeout_s:g}) so "
+                          "the command's own timeout fires first and the trial reports why")
+
+
 def validate_all(cfg: Config, space: Space, baseline: dict[str, Any]) -> None:
     """Everything that can be checked without running a trial."""
+    from autotune.samplers import check_sampler
+
+    validate_quality(cfg, space)
+    validate_timeouts(cfg)
+    check_sampler(cfg.study.sampler, space)
     validate_enqueue(space, baseline, cfg.study.enqueue)
     validate_reference(cfg, space)
     max_conc = getattr(space.engine, "max_concurrency", None)

@@ -35,7 +35,7 @@ ENGINES: dict[str, str] = {
 class Knob:
     """A parameter an engine accepts: its type, allowed values and the engine's spelling."""
 
-    type: str  # "int" | "float" | "bool" | "str" | "list"
+    type: str  # "int" | "float" | "bool" | "str" | "list" | "str|list"
     choices: tuple | None = None
     low: float | None = None
     high: float | None = None
@@ -60,6 +60,8 @@ class Knob:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         elif self.type == "list":
             ok = isinstance(value, (list, tuple))
+        elif self.type == "str|list":
+            ok = isinstance(value, (str, list, tuple))
         else:
             ok = isinstance(value, str)
         if not ok:
@@ -111,6 +113,7 @@ class Engine:
     name: ClassVar[str] = ""
     knobs: ClassVar[dict[str, Knob]] = {}
     uses_variants: ClassVar[bool] = True  # the space's ``model`` knob picks engine.variants
+    supports_quality: ClassVar[bool] = True  # logprobs() gives full next-token distributions
 
     # ---- driver side: pure -------------------------------------------------------
     @classmethod

@@ -60,7 +60,7 @@ class ExLlamaV2Engine(Engine):
         "max_seq_len": Knob("int", low=256, high=1 << 20, spelling="config.max_seq_len / max_seq_len"),
         "cache_size": Knob("int", low=256, high=1 << 22, spelling="cache max_seq_len / cache_size"),
         "cache_mode": Knob("str", CACHE_MODES, spelling="ExLlamaV2Cache[_Q8|_Q6|_Q4] / cache_mode"),
-        "gpu_split": Knob("str", doc="auto | tp | GB per GPU ('30,26' or a list)", spelling="gpu_split"),
+        "gpu_split": Knob("str|list", doc="auto | tp | GB per GPU ('30,26' or a list)", spelling="gpu_split"),
         "autosplit_reserve_mb": Knob("int", low=0, high=1 << 16, spelling="reserve_vram / autosplit_reserve"),
         "chunk_size": Knob("int", low=PAGE, high=1 << 16, spelling="max_input_len / chunk_size"),
         "max_batch_size": Knob("int", low=1, high=1024, spelling="max_batch_size"),
