@@ -151,8 +151,14 @@ class Driver:
             result = TrialResult(trial.number, "infeasible", reason="rule: " + "; ".join(reasons))
             self._finish_one(study, trial, params, result, started=False)
             return
+        res = self.resources(params)
+        never = self.placement.fits(res)
+        if never:
+            result = TrialResult(trial.number, "infeasible", reason=f"unschedulable: {never}")
+            self._finish_one(study, trial, params, result, started=False)
+            return
         spec = self.spec(trial.number, params)
-        ref = self.placement.submit(spec, self.resources(params))
+        ref = self.placement.submit(spec, res)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
         self.pending[ref] = (trial, params, deadline)
         self.report.started(trial.number, params)

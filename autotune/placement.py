@@ -24,8 +24,23 @@ if TYPE_CHECKING:
 
 def _run_remote(spec_json: str) -> str:
     """The Ray task: run one trial in an isolated subprocess; JSON in, JSON out."""
+    import ray
+
+    from autotune.cluster import LEASE_DIR
+    from autotune.cluster import gpu_lease
+
     spec = TrialSpec.from_json(spec_json)
-    result = run_trial(spec)
+    gpus = ",".join(str(g) for g in ray.get_gpu_ids())
+    if not gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # reserved no GPU: must not see any
+    node_dir = LEASE_DIR / ray.get_runtime_context().get_node_id()[:16]
+    try:
+        # The lock lives as long as the trial's process, even if this Ray worker is killed,
+        # so a GPU is never handed to the next trial while an orphan still holds it.
+        with gpu_lease(gpus, timeout_s=spec.timeout_s, lease_dir=node_dir) as fds:
+            result = run_trial(spec, pass_fds=fds)
+    except TimeoutError as e:
+        result = TrialResult(spec.number, "failed", reason=str(e))
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
         result = result.replace(info={**result.info, "cuda_visible_devices": cvd})
@@ -52,7 +67,9 @@ class Placement:
                 ray.init(address="local", num_cpus=cfg.num_cpus or cpu_count(), num_gpus=cfg.num_gpus,
                          resources=cfg.resources or None, **kwargs)
             self.owns_ray = True
-        self._task = ray.remote(max_retries=0)(_run_remote)
+        # max_calls=0: reuse Ray workers across trials (each trial runs in its own subprocess,
+        # so a worker holds no GPU memory; Ray's default for GPU tasks is a new process each)
+        self._task = ray.remote(max_retries=0, max_calls=0)(_run_remote)
 
     def capacity(self) -> dict[str, float]:
         return dict(self.ray.cluster_resources())
@@ -62,6 +79,13 @@ class Placement:
         if res.get("GPU", 0) >= 1:
             return int(res["GPU"])
         return max(1, int(res.get("CPU", 1)))
+
+    def fits(self, res: Resources) -> str:
+        """'' if the cluster could ever hold ``res``, else why it never can."""
+        cap = self.capacity()
+        need = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.custom}
+        short = [f"{k} {v:g} (cluster has {cap.get(k, 0):g})" for k, v in need.items() if v and v > cap.get(k, 0)]
+        return ("needs " + ", ".join(short)) if short else ""
 
     def submit(self, spec: TrialSpec, res: Resources):
         opts: dict[str, Any] = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus}

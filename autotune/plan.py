@@ -80,6 +80,10 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
             + (", ".join(f"GPU{g.index} {g.name} {g.memory_gb:.0f} GB" for g in gpus) or "no GPU"))
     c.print(f"trial 0 (baseline) reserves {res.num_cpus:g} CPU, {res.num_gpus:g} GPU"
             + (f", {res.custom}" if res.custom else ""))
+    from autotune.cluster import resource_plan
+
+    for line in resource_plan(cfg, space):
+        c.print(line, markup=False)
     need = space.engine.preflight(cfg.engine.settings)
     if need:
         c.print(f"[yellow]cannot run here: {need[0]}[/yellow]")

@@ -9,6 +9,11 @@ from pathlib import Path
 
 import pytest
 
+# Ray reads these once, at import: keep a driver on 127.0.0.1 (never the machine's other
+# addresses) and send the token that `ray start` heads require.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

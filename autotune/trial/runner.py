@@ -53,7 +53,7 @@ def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
         pass
 
 
-def run_trial(spec: TrialSpec) -> TrialResult:
+def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> TrialResult:
     """Run ``spec`` in ``python -m autotune.trial.worker`` and return its result."""
     workdir = Path(spec.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def run_trial(spec: TrialSpec) -> TrialResult:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=os.environ.copy(),
+            start_new_session=True, env=os.environ.copy(), pass_fds=tuple(pass_fds),
         )
         try:
             rc = proc.wait(timeout=spec.timeout_s)

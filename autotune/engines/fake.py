@@ -1,0 +1,226 @@
+"""A fake GPU engine: a small real implementation that drives the real driver without a GPU.
+
+It stands in for GPU-only engines (vLLM, ExLlamaV2) in placement, cluster and fault tests
+and in ``bench/parallel.py``. Each trial reserves ``gpus`` whole GPUs (fractional only with
+``settings.share_gpus: true``), ``cpus`` CPUs and any custom Ray resources, then "serves"
+requests by sleeping: decode speed is a smooth, deterministic function of the knobs
+``x``, ``y`` and ``gpus`` (see :func:`model_speed`), so a sampler has something to optimise.
+
+Knobs: ``x``, ``y`` (floats in [0, 1]), ``gpus``, ``cpus``, ``duration_s`` (simulated model
+load, seconds), ``gpu_memory_gb`` (per GPU; infeasible if it exceeds a device in
+``settings.gpus``), ``resource`` (a custom Ray resource name the trial needs one unit of,
+e.g. ``gpu_5090``) and the fault knobs ``hang`` (sleep forever: the runner's timeout kills
+the group), ``oom`` (MemoryError), ``crash`` (``os._exit(1)`` at the first request, after
+the load) and ``nan`` (decode speed reported as NaN). Precedence: hang, oom, crash, nan.
+
+Settings: ``gpus`` (list of ``{name, memory_gb}``: the fake devices, indexed like
+``CUDA_VISIBLE_DEVICES``), ``resources`` (custom Ray resources every trial needs),
+``share_gpus`` (allow fractional ``gpus``), ``record_dir`` (each trial appends JSON lines
+``start`` / ``end`` with pid, pgid, ppid, hostname, Ray raylet pid, CUDA_VISIBLE_DEVICES and
+wall-clock times to ``record_dir/records.jsonl``, so tests can assert placement from inside
+every trial). ``logprobs`` is unsupported: configs using this engine disable quality.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.engines.base import Engine
+from autotune.engines.base import Generation
+from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import Knob
+from autotune.engines.base import Resources
+from autotune.errors import ConfigError
+
+RECORD_FILE = "records.jsonl"
+CHUNK_TOKENS = 4
+
+
+def model_speed(x: float, y: float, gpus: float) -> float:
+    """Decode tok/s of the fake model: one smooth peak at x=0.7, y=0.3, sub-linear in GPUs."""
+    peak = math.exp(-((x - 0.7) ** 2 + (y - 0.3) ** 2) / 0.08)
+    return (200.0 + 800.0 * peak) * max(gpus, 0.25) ** 0.7
+
+
+def model_ttft_s(x: float, prompt_tokens: int) -> float:
+    """Time to first token: grows with x (the trade-off against speed) and prompt length."""
+    return 0.004 + 0.02 * x + prompt_tokens * 2e-5
+
+
+def append_record(record_dir: str | Path, event: dict[str, Any]) -> None:
+    """Append one JSON line (a single O_APPEND write, so concurrent trials never interleave)."""
+    path = Path(record_dir) / RECORD_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(event, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def read_records(record_dir: str | Path) -> list[dict[str, Any]]:
+    """Every event appended under ``record_dir`` (empty if none)."""
+    path = Path(record_dir) / RECORD_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class FakeEngine(Engine):
+    """Sleeps like a GPU engine would compute; see the module docstring for knobs/settings."""
+
+    name = "fake"
+    uses_variants = False
+    knobs = {
+        "x": Knob("float", low=0.0, high=1.0, doc="first tuning knob (speed peaks at 0.7)"),
+        "y": Knob("float", low=0.0, high=1.0, doc="second tuning knob (speed peaks at 0.3)"),
+        "gpus": Knob("float", low=0.0, high=64.0, doc="GPUs the trial reserves"),
+        "cpus": Knob("float", low=0.0, high=512.0, doc="CPUs the trial reserves"),
+        "duration_s": Knob("float", low=0.0, high=3600.0, doc="simulated model load (s)"),
+        "gpu_memory_gb": Knob("float", low=0.0, high=1024.0, doc="memory needed per GPU"),
+        "resource": Knob("str", doc="custom Ray resource the trial needs 1 of ('' = none)"),
+        "crash": Knob("bool", doc="os._exit(1) at the first request"),
+        "hang": Knob("bool", doc="sleep forever in start()"),
+        "oom": Knob("bool", doc="raise MemoryError in start()"),
+        "nan": Knob("bool", doc="report NaN decode speed"),
+    }
+
+    # ---- driver side -----------------------------------------------------------------
+    @classmethod
+    def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
+        return {"x": 0.5, "y": 0.5, "gpus": 1, "cpus": 1, "duration_s": 0.0,
+                "gpu_memory_gb": 0.0, "resource": "", "crash": False, "hang": False,
+                "oom": False, "nan": False}
+
+    @classmethod
+    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+        gpus = settings.get("gpus") or []
+        if not isinstance(gpus, list):
+            raise ConfigError(f"{path}.settings.gpus", gpus, "expected a list of {name, memory_gb}")
+        for i, g in enumerate(gpus):
+            if not isinstance(g, dict) or not isinstance(g.get("memory_gb", 0), (int, float)):
+                raise ConfigError(f"{path}.settings.gpus[{i}]", g, "expected {name, memory_gb}")
+        res = settings.get("resources") or {}
+        if not isinstance(res, dict) or not all(isinstance(v, (int, float)) for v in res.values()):
+            raise ConfigError(f"{path}.settings.resources", res, "expected {name: amount}")
+
+    @classmethod
+    def preflight(cls, settings: dict) -> list[str]:
+        """The fake GPUs are Ray resources (``ray.num_gpus``), not devices: nothing to check."""
+        return []
+
+    @classmethod
+    def full_params(cls, params: dict, settings: dict) -> dict[str, Any]:
+        # settings.gpus is the device list, not the knob; other knobs may be fixed in settings
+        fixed = {k: v for k, v in settings.items() if k in cls.knobs and k != "gpus"}
+        return {**cls.default_params(settings, {}), **fixed,
+                **{k: v for k, v in params.items() if v is not None}}
+
+    @classmethod
+    def resources(cls, params: dict, settings: dict) -> Resources:
+        p = cls.full_params(params, settings)
+        custom = {str(k): float(v) for k, v in (settings.get("resources") or {}).items()}
+        if p["resource"]:
+            custom[p["resource"]] = custom.get(p["resource"], 0.0) + 1.0
+        return Resources(num_cpus=float(p["cpus"]), num_gpus=float(p["gpus"]), custom=custom)
+
+    @classmethod
+    def check(cls, params: dict, settings: dict) -> list[str]:
+        p = cls.full_params(params, settings)
+        reasons = []
+        gpus = float(p["gpus"])
+        if gpus != int(gpus) and not settings.get("share_gpus"):
+            reasons.append(f"gpus={gpus:g} is fractional: two trials would share a GPU; "
+                           "set engine.settings.share_gpus: true to allow it")
+        if gpus > 1 and gpus != int(gpus):
+            reasons.append(f"gpus={gpus:g}: more than one GPU must be a whole number")
+        devices = settings.get("gpus") or []
+        mem = float(p["gpu_memory_gb"])
+        if devices and mem > max(float(g.get("memory_gb", math.inf)) for g in devices):
+            reasons.append(f"gpu_memory_gb={mem:g} exceeds every GPU in engine.settings.gpus")
+        if devices and gpus > len(devices):
+            reasons.append(f"gpus={gpus:g} but engine.settings.gpus lists {len(devices)}")
+        return reasons
+
+    # ---- worker side -------------------------------------------------------------------
+    def _p(self, key: str) -> Any:
+        return self.full_params(self.params, self.settings)[key]
+
+    def _record(self, event: str, **extra: Any) -> None:
+        rec_dir = self.settings.get("record_dir")
+        if not rec_dir:
+            return
+        append_record(rec_dir, {
+            "event": event, "trial": self.workdir.name, "time": time.time(), "pid": os.getpid(),
+            "pgid": os.getpgrp(), "ppid": os.getppid(), "host": platform.node(),
+            "raylet_pid": os.environ.get("RAY_RAYLET_PID"),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "gpus": self._p("gpus"), "params": self.params, **extra,
+        })
+
+    def assigned_gpus(self) -> list[int]:
+        """Device indices from CUDA_VISIBLE_DEVICES (Ray sets it for a GPU task)."""
+        cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return [int(i) for i in cvd.split(",") if i.strip().isdigit()]
+
+    def start(self) -> None:
+        self.started = time.time()
+        self._record("start")
+        self.info.update(cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                         pid=os.getpid())
+        if self._p("hang"):
+            while True:
+                time.sleep(3600)
+        if self._p("oom"):
+            raise MemoryError("fake engine: simulated out of memory")
+        devices = self.settings.get("gpus") or []
+        mem = float(self._p("gpu_memory_gb"))
+        for i in self.assigned_gpus():
+            if i < len(devices) and mem > float(devices[i].get("memory_gb", math.inf)):
+                raise InfeasibleConfig(
+                    f"needs {mem:g} GB per GPU; GPU {i} ({devices[i].get('name', 'GPU')}) "
+                    f"has {devices[i]['memory_gb']} GB")
+        time.sleep(float(self._p("duration_s")))
+        self.requests = 0
+
+    def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
+        if self._p("crash"):
+            self._record("crash")
+            os._exit(1)
+        self.requests += 1
+        prompt_tokens = len(prompt.split())
+        speed = model_speed(float(self._p("x")), float(self._p("y")), float(self._p("gpus")))
+        t0 = time.perf_counter()
+        time.sleep(model_ttft_s(float(self._p("x")), prompt_tokens))
+        chunks = [time.perf_counter() - t0]
+        done = 1
+        while done < max_tokens:
+            step = min(CHUNK_TOKENS, max_tokens - done)
+            time.sleep(step / speed)
+            chunks.append(time.perf_counter() - t0)
+            done += step
+        return Generation(prompt_tokens, max_tokens, chunks, time.perf_counter() - t0)
+
+    def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
+        metrics, raw = super().measure(workload)
+        if self._p("nan"):
+            metrics["decode_tps"] = math.nan
+        return metrics, raw
+
+    def memory(self) -> dict[str, float]:
+        mem = float(self._p("gpu_memory_gb"))
+        return {"vram_peak_gb": mem * len(self.assigned_gpus())} if mem else {}
+
+    def logprobs(self, text: str, n_tokens: int):
+        raise NotImplementedError("the fake engine has no logits: set quality.enabled: false")
+
+    def stop(self) -> None:
+        if hasattr(self, "started"):
+            self._record("end")
