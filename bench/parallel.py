@@ -9,14 +9,12 @@ started with ``num_gpus=N``; the full per-trial cost is included: Ray worker sta
 - async: the real :class:`autotune.driver.Driver` loop (refill as soon as one finishes).
 - batch: ask N, run N, wait for all N, tell them (what the Hydra Optuna sweeper does),
   built from the same driver methods so only the scheduling differs.
-- reuse: async with Ray workers reused across trials (``max_calls=0``: the proposed
-  one-line change to ``autotune/placement.py``; Ray's default for GPU tasks starts a fresh
-  worker process per task, which costs CPU on every trial).
+Both use the real Placement, whose Ray workers are reused across trials (``max_calls=0``).
 
 Run: ``python bench/parallel.py [--repeats 3] [--per-slot 6] [--out bench/results/parallel.txt]``.
 Wall time is the ask/tell loop only (study creation and export excluded), median of the
 repeats with the min-max spread; efficiency = throughput(N) / (N * throughput(1)), with
-throughput(1) of the same worker setting (async for async/batch, reuse for reuse).
+throughput(1) of the async loop.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ from autotune.compose import compose  # noqa: E402
 from autotune.config import load_config  # noqa: E402
 from autotune.driver import Driver  # noqa: E402
 from autotune.placement import Placement  # noqa: E402
-from autotune.placement import _run_remote  # noqa: E402
 from autotune.report import Reporter  # noqa: E402
 from autotune.space import compile_space  # noqa: E402
 from autotune.study import n_finished  # noqa: E402
@@ -65,14 +62,6 @@ def bench_config(study_dir: Path, n_trials: int, seed: int, slots: int):
     data["rules"] = []
     cfg = load_config(data)
     return cfg, compile_space(cfg)
-
-
-class ReusingPlacement(Placement):
-    """Placement whose Ray workers run many trials (the trial itself is a subprocess)."""
-
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self._task = self.ray.remote(max_retries=0, max_calls=0)(_run_remote)
 
 
 class TimedDriver(Driver):
@@ -110,7 +99,7 @@ def run_once(slots: int, mode: str, n_trials: int, seed: int, root: Path) -> tup
     study_dir = root / f"{mode}-{slots}-{seed}"
     cfg, space = bench_config(study_dir, n_trials, seed, slots)
     cls = BatchDriver if mode == "batch" else TimedDriver
-    placement = (ReusingPlacement if mode == "reuse" else Placement)(cfg.ray)
+    placement = Placement(cfg.ray)
     driver = cls(cfg, space, placement, None, Reporter(cfg, Console(file=io.StringIO())))
     summary = driver.run()
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.storage_url)
@@ -131,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results/parallel.txt")
     args = ap.parse_args(argv)
     rows, lines = [], []
-    base_tph: dict[str, float] = {}
+    base_tph: dict[str, float] = {}  # throughput of the async loop on 1 slot
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="atbench") as tmp:
         for slots in args.slots:
@@ -139,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                      log_to_driver=False, logging_level="ERROR")
             try:
                 n = args.per_slot * slots
-                for mode in ("async", "batch", "reuse") if slots > 1 else ("async", "reuse"):
+                for mode in ("async", "batch") if slots > 1 else ("async",):
                     walls, per_trial = [], []
                     for rep in range(args.repeats):
                         wall, med = run_once(slots, mode, n, seed=rep, root=Path(tmp))
@@ -148,11 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"  slots={slots} {mode} repeat {rep}: {wall:.1f} s", flush=True)
                     wall = statistics.median(walls)
                     tph = n / wall * 3600
-                    family = "reuse" if mode == "reuse" else "async"
                     if slots == 1:
-                        base_tph[family] = tph
+                        base_tph["async"] = tph
                     rows.append((slots, mode, n, wall, min(walls), max(walls), tph,
-                                 tph / (slots * base_tph[family]), statistics.median(per_trial)))
+                                 tph / (slots * base_tph["async"]), statistics.median(per_trial)))
             finally:
                 ray.shutdown()
     head = (f"{'slots':>5} {'mode':>6} {'trials':>6} {'wall s':>7} {'spread s':>11} "
