@@ -218,15 +218,18 @@ class LlamaCppEngine(Engine):
         if p["n_gpu_layers"]:
             from autotune.gpus import VramSampler
 
-            self._vram = VramSampler().__enter__()
+            self._vram = VramSampler(_visible_gpu_indices()).__enter__()
         self.llm = self._load()
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
         llm = self.llm
         tokens = llm.tokenize(prompt.encode("utf-8"), add_bos=True, special=False)
-        if len(tokens) + max_tokens > llm.n_ctx():
+        # llama.cpp may pad its context (64 -> 256) but the Python token buffer keeps n_ctx
+        n_ctx = min(llm.n_ctx(), len(llm.input_ids))
+        if len(tokens) + max_tokens > n_ctx:
             raise InfeasibleConfig(
-                f"n_ctx={llm.n_ctx()} is too small for a {len(tokens)}-token prompt + {max_tokens} new tokens"
+                f"n_ctx={n_ctx} is too small for a {len(tokens)}-token prompt + "
+                f"{max_tokens} new tokens"
             )
         llm.reset()  # n_tokens = 0: generate() then reuses no cached prefix
         drafter = llm.draft_model
@@ -236,7 +239,8 @@ class LlamaCppEngine(Engine):
         out: list[int] = []
         times: list[float] = []
         t0 = time.perf_counter()
-        for tok in llm.generate(tokens, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        greedy = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0, "repeat_penalty": 1.0}
+        for tok in llm.generate(tokens, reset=True, **greedy):
             times.append(time.perf_counter() - t0)
             if tok == eos and not ignore_eos:
                 break
@@ -274,10 +278,9 @@ class LlamaCppEngine(Engine):
                     seen[prompt] = self.generate(prompt, run.max_tokens, run.ignore_eos).token_ids
                 plain = seen[prompt]
                 if plain != gen.token_ids:
-                    pos = next(
-                        (j for j, (a, b) in enumerate(zip(plain, gen.token_ids, strict=False)) if a != b),
-                        min(len(plain), len(gen.token_ids)),
-                    )
+                    pairs = enumerate(zip(plain, gen.token_ids, strict=False))
+                    pos = next((j for j, (a, b) in pairs if a != b),
+                               min(len(plain), len(gen.token_ids)))
                     mismatches.append({
                         "request": i, "position": pos, "n_plain": len(plain),
                         "n_speculative": len(gen.token_ids),
@@ -313,6 +316,15 @@ class LlamaCppEngine(Engine):
         if getattr(self, "_vram", None) is not None:
             self._vram.__exit__(None, None, None)
             self._vram = None
+
+
+def _visible_gpu_indices() -> list[int] | None:
+    """NVML indices of CUDA_VISIBLE_DEVICES when it lists plain indices, else None (all)."""
+    import os
+
+    ids = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    ids = [x.strip() for x in ids if x.strip()]
+    return [int(x) for x in ids] if ids and all(x.isdigit() for x in ids) else None
 
 
 def _counting_drafter(max_ngram_size: int, num_pred_tokens: int):
