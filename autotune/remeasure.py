@@ -5,7 +5,7 @@ machine. Before naming a winner, the ``select.top_k`` best candidates (by the se
 rule) and the baseline are re-run ``select.rerun_repeats`` times, interleaved and in
 alternating order, and the winner is chosen on those pooled numbers. The summary says
 whether the winner's lead over the runner-up and over the baseline is within noise
-(overlapping bootstrap 95% CIs of the medians).
+(the bootstrap 95% CI of the difference of the medians contains 0).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 from typing import Any
 
+from autotune.measure.stats import median_diff_ci
 from autotune.measure.stats import summarize
-from autotune.measure.stats import within_noise
 from autotune.select import Record
 from autotune.select import rank
 
@@ -33,6 +33,14 @@ def _samples(metric: str, runs: list[dict], raws: list[dict]) -> list[float]:
     if key and all(key in r for r in raws):
         return [x for r in raws for x in r[key]]
     return [m[metric] for m in runs if metric in m and math.isfinite(m[metric])]
+
+
+def within_noise(a: list[float], b: list[float]) -> bool:
+    """True when the bootstrap 95% CI of median(a) - median(b) contains 0."""
+    if not a or not b:
+        return True
+    lo, hi = median_diff_ci(a, b)
+    return bool(lo <= 0.0 <= hi)
 
 
 def remeasure(driver: Driver, configs: list[Record]) -> dict[int, tuple[list[dict], list[dict]]]:
