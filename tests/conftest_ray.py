@@ -34,6 +34,7 @@ from autotune.config import load_config  # noqa: E402
 from autotune.engines.fake import read_records  # noqa: E402
 from autotune.space import Space  # noqa: E402
 from autotune.space import compile_space  # noqa: E402
+from tests.procs import process_alive  # noqa: E402
 
 RAY_INIT = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING"}
 
@@ -91,15 +92,6 @@ def trial_events(cfg: Config) -> dict[int, dict[str, dict]]:
     for ev in read_records(cfg.engine.settings["record_dir"]):
         out.setdefault(int(ev["trial"]), {})[ev["event"]] = ev
     return out
-
-
-def process_alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
 
 
 def wait_gone(pids: list[int], timeout_s: float = 15.0, poll_s: float = 0.2) -> list[int]:

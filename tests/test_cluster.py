@@ -25,11 +25,12 @@ from conftest_ray import WhenStarted
 from conftest_ray import fake_config
 from conftest_ray import gpu_overlaps
 from conftest_ray import loopback_only
-from conftest_ray import process_alive
 from conftest_ray import run_study
 from conftest_ray import study_records
 from conftest_ray import trial_events
 from conftest_ray import wait_gone
+
+from tests.procs import process_alive
 
 pytestmark = pytest.mark.slow
 RESOURCE = {"resource": {"type": "categorical", "choices": ["", "gpu_5090", "doomed"]}}

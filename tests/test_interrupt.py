@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import study_overrides
-from tests.test_runner import _procs_mentioning
+from tests.procs import processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -43,4 +43,4 @@ def test_sigint_mid_study_exports_and_leaves_no_process(tmp_path):
     assert summary["interrupted"] is True and summary["n_trials"] >= 1
     assert (d / "pareto.json").exists()
     time.sleep(2.0)
-    assert _procs_mentioning(str(d)) == [], "a trial process outlived the interrupted study"
+    assert processes_with_arg(str(d)) == [], "a trial process outlived the interrupted study"

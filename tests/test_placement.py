@@ -16,13 +16,13 @@ from conftest_ray import WhenStarted
 from conftest_ray import fake_config
 from conftest_ray import gpu_overlaps
 from conftest_ray import max_concurrent
-from conftest_ray import process_alive
 from conftest_ray import run_study
 from conftest_ray import study_records
 from conftest_ray import trial_events
 from conftest_ray import wait_gone
 
 from autotune.engines.fake import FakeEngine
+from tests.procs import process_alive
 
 FAULTS = {"crash": {"type": "bool"}, "hang": {"type": "bool"}, "oom": {"type": "bool"},
           "nan": {"type": "bool"}}

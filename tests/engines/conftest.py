@@ -7,31 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.procs import process_alive
+from tests.procs import processes_with_arg
+
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-
-
-def process_alive(pid: int) -> bool:
-    """True if ``pid`` runs and is not a zombie (read from /proc)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
-def processes_with_arg(*needles: str) -> list[int]:
-    """PIDs whose command line contains all ``needles`` as consecutive argv items."""
-    out = []
-    seq = "\0".join(needles)
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmdline = (entry / "cmdline").read_bytes().decode("utf-8", "replace")
-        except OSError:
-            continue
-        if seq in cmdline and process_alive(int(entry.name)):
-            out.append(int(entry.name))
-    return out
 
 
 def _assert_server_gone(pid: int, port: int) -> None:
