@@ -48,6 +48,8 @@ class Driver:
         self.placement = placement
         self.tracker = tracker
         self.report = reporter
+        self.pending: dict[Any, tuple] = {}
+        self._unlogged: list[tuple] = []
         self.dir = Path(cfg.study.dir)
         self.quality = {"enabled": cfg.quality.enabled, "text": cfg.quality.text,
                         "n_tokens": cfg.quality.n_tokens, "reference_dir": None}
@@ -116,25 +118,33 @@ class Driver:
             interrupted = True
             self.report.warn("interrupted: stopping trials in flight and exporting what is done")
             self._abort_pending(study)
+        if self.tracker:
+            self._flush_logs()
         summary = self.finish(study, interrupted, time.monotonic() - t0)
         return summary
 
     def _loop(self, study, t0: float) -> None:
         cfg = self.cfg
         self.pending: dict[Any, tuple] = {}
+        self._unlogged: list[tuple] = []
         slots = cfg.ray.max_concurrent or self.placement.default_slots()
+        finished = studylib.n_finished(study)
+        exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
         while True:
             over_time = cfg.study.timeout_s is not None and time.monotonic() - t0 > cfg.study.timeout_s
-            exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
             while (not over_time and len(self.pending) < slots and not exhausted(study)
-                   and studylib.n_finished(study) + len(self.pending) < cfg.study.n_trials):
-                self._ask_one(study)
+                   and finished + len(self.pending) < cfg.study.n_trials):
+                finished += not self._ask_one(study)
+            self._flush_logs()  # MLflow writes overlap with the trials just submitted
             if not self.pending:
                 return
             ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
+            if ready:  # tell everything already done before refilling
+                ready += self.placement.wait_all_done([r for r in self.pending if r not in ready])
             for ref in ready:
                 trial, params, _ = self.pending.pop(ref)
                 self._finish_one(study, trial, params, self.placement.result(ref, trial.number))
+                finished += 1
             now = time.monotonic()
             for ref, (trial, params, deadline) in list(self.pending.items()):
                 if now > deadline:
@@ -142,35 +152,43 @@ class Driver:
                     self.pending.pop(ref)
                     self._finish_one(study, trial, params, TrialResult(
                         trial.number, "failed", reason="lost: no result from its Ray worker in time"))
+                    finished += 1
 
-    def _ask_one(self, study) -> None:
+    def _ask_one(self, study) -> bool:
+        """Ask for a trial and launch it; False if it was settled at once (rule, unschedulable)."""
         trial = study.ask()
         params = self.space.suggest(trial)
         reasons = self.space.violations(params)
         if reasons:
             result = TrialResult(trial.number, "infeasible", reason="rule: " + "; ".join(reasons))
             self._finish_one(study, trial, params, result, started=False)
-            return
+            return False
         res = self.resources(params)
         never = self.placement.fits(res)
         if never:
             result = TrialResult(trial.number, "infeasible", reason=f"unschedulable: {never}")
             self._finish_one(study, trial, params, result, started=False)
-            return
+            return False
         spec = self.spec(trial.number, params)
         ref = self.placement.submit(spec, res)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
         self.pending[ref] = (trial, params, deadline)
         self.report.started(trial.number, params)
+        return True
 
     def _finish_one(self, study, trial, params, result: TrialResult, started: bool = True) -> Record:
         record = studylib.tell(study, trial, self.cfg, params, result)
         log = Path(self.spec(trial.number, params).workdir) / "trial.log" if started else None
-        if self.tracker:
-            self.tracker.log_trial(trial.number, params, result.replace(status=record.status, reason=record.reason),
-                                   record.feasible, log)
         self.report.finished(record, result.duration_s)
+        if self.tracker:
+            self._unlogged.append((trial.number, params, result.replace(
+                status=record.status, reason=record.reason), record.feasible, log))
         return record
+
+    def _flush_logs(self) -> None:
+        """Write the told trials to MLflow (after the free slots were refilled)."""
+        while self._unlogged:
+            self.tracker.log_trial(*self._unlogged.pop(0))
 
     def _abort_pending(self, study) -> None:
         from optuna.trial import TrialState

@@ -97,6 +97,12 @@ class Placement:
         ready, _ = self.ray.wait(refs, num_returns=1, timeout=timeout_s)
         return ready
 
+    def wait_all_done(self, refs: list) -> list:
+        """Those of ``refs`` that are already finished (no waiting)."""
+        if not refs:
+            return []
+        return self.ray.wait(refs, num_returns=len(refs), timeout=0)[0]
+
     def result(self, ref, number: int) -> TrialResult:
         """The trial's result; a lost worker or node becomes a failed result with the reason."""
         try:
