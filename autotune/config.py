@@ -8,7 +8,9 @@ as ``study.n_trials``), the value received and what is allowed. Engine-specific 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import re
 import types
 import typing
@@ -257,12 +259,39 @@ def parse_objective(item: Any, path: str) -> Objective:
     raise ConfigError(path, item, "expected a metric name or {metric: NAME}")
 
 
+def _absolute(path: str) -> str:
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _is_file_ref(value: str) -> bool:
+    return "/" in value or value.endswith((".jsonl", ".txt"))
+
+
+def resolve_paths(data: dict) -> dict:
+    """Make relative file paths absolute against the directory ``autotune run`` was started in.
+
+    Trials run in other working directories (and on other Ray nodes), so a variant's
+    ``path``, a prompt-set file and a quality text file are pinned here, once.
+    """
+    data = copy.deepcopy(data)
+    variants = (data.get("engine") or {}).get("variants") or {}
+    for v in variants.values():
+        if isinstance(v, dict) and isinstance(v.get("path"), str):
+            v["path"] = _absolute(v["path"])
+    for section, key in (("workload", "prompts"), ("quality", "text")):
+        sec = data.get(section)
+        if isinstance(sec, dict) and isinstance(sec.get(key), str) and _is_file_ref(sec[key]):
+            sec[key] = _absolute(sec[key])
+    return data
+
+
 def load_config(data: dict) -> Config:
     """Validate a composed config (a plain dict) into a :class:`Config`."""
     import importlib
 
     if not isinstance(data, dict):
         raise ConfigError("<root>", data, "expected a mapping")
+    data = resolve_paths(data)
     for key in data:
         if key not in _TOP_KEYS and key != "hydra":
             raise unknown_name(key, key, _TOP_KEYS, "top-level key")
