@@ -51,12 +51,13 @@ def validate_reference(cfg: Config, space: Space) -> None:
 
 
 def validate_quality(cfg: Config, space: Space) -> None:
-    """Quality needs the engine's logits; an engine that measures itself cannot give them."""
-    if cfg.quality.enabled and not getattr(space.engine, "supports_quality", True):
+    """Quality needs the engine's full next-token distributions (``Engine.logprobs``)."""
+    if cfg.quality.enabled and not space.engine.supports_quality:
+        hint = " (the command may print ppl_delta_pct itself)" if cfg.engine.kind == "command" else ""
         raise ConfigError(
             "quality.enabled", True,
-            f"engine {cfg.engine.kind} measures itself and exposes no logits, so autotune cannot "
-            "measure quality; set quality.enabled: false (the command may print ppl_delta_pct)",
+            f"engine {cfg.engine.kind} exposes no full logits, so autotune cannot measure "
+            f"perplexity or KLD; set quality.enabled: false{hint}",
         )
 
 

@@ -103,6 +103,10 @@ class Generation:
     accepted: int = 0
 
 
+class Unsupported(RuntimeError):
+    """An optional capability the engine does not have (e.g. full logits for quality)."""
+
+
 class InfeasibleConfig(Exception):
     """Raised by an engine when the trial's parameters cannot run (recorded as infeasible)."""
 
@@ -182,11 +186,11 @@ class Engine:
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
         """Run one request greedily and time it."""
-        raise NotImplementedError(f"engine {self.name} does not generate")
+        raise Unsupported(f"engine {self.name} does not generate; it overrides measure() instead")
 
     def logprobs(self, text: str, n_tokens: int):
         """(token ids, log-softmax rows as float32 [n-1, vocab]) for quality metrics."""
-        raise NotImplementedError(f"engine {self.name} does not expose logits")
+        raise Unsupported(f"engine {self.name} does not expose logits: set quality.enabled: false")
 
     def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
         """Run the workload; returns (metrics, raw samples). Default: the shared timing loop."""

@@ -36,6 +36,7 @@ from autotune.engines.base import Generation
 from autotune.engines.base import InfeasibleConfig
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.base import Unsupported
 from autotune.errors import ConfigError
 
 RECORD_FILE = "records.jsonl"
@@ -77,6 +78,7 @@ class FakeEngine(Engine):
     """Sleeps like a GPU engine would compute; see the module docstring for knobs/settings."""
 
     name = "fake"
+    supports_quality = False  # no logits
     uses_variants = False
     knobs = {
         "x": Knob("float", low=0.0, high=1.0, doc="first tuning knob (speed peaks at 0.7)"),
@@ -219,7 +221,7 @@ class FakeEngine(Engine):
         return {"vram_peak_gb": mem * len(self.assigned_gpus())} if mem else {}
 
     def logprobs(self, text: str, n_tokens: int):
-        raise NotImplementedError("the fake engine has no logits: set quality.enabled: false")
+        raise Unsupported("the fake engine has no logits: set quality.enabled: false")
 
     def stop(self) -> None:
         if hasattr(self, "started"):

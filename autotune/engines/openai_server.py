@@ -116,6 +116,7 @@ class OpenAIServerEngine(Engine):
     """
 
     name = "openai_server"
+    supports_quality = False  # an OpenAI server returns no full next-token distributions
     knobs: dict[str, Knob] = {"model": Knob("str", doc="model variant name (engine.variants)")}
     uses_variants = True
     default_health_path = "/v1/models"

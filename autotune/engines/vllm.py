@@ -88,6 +88,7 @@ class VLLMEngine(OpenAIServerEngine):
     """A vLLM API server per trial (see the module docstring); lifecycle as the base class."""
 
     name = "vllm"
+    supports_quality = False  # an OpenAI server returns no full next-token distributions
     knobs = {
         "model": Knob("str", doc="model variant name (engine.variants): an HF model directory"),
         "tensor_parallel_size": Knob("int", low=1, high=64, spelling="--tensor-parallel-size"),
