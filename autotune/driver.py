@@ -221,6 +221,7 @@ class Driver:
             "n_infeasible": sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in recs),
             "elapsed_s": round(elapsed, 1), "objectives": objectives,
             "constraints": [str(c) for c in cfg.constraints],
+            "workload": asdict(cfg.workload),
             "baseline": asdict(baseline) if baseline else None,
             "winner": asdict(winner) if winner else None,
             "pareto": [r.number for r in front],

@@ -51,6 +51,11 @@ class Reporter:
             + ", ".join(f"{o.metric} ({o.direction})" for o in c.objectives)
             + ("; constraints " + ", ".join(map(str, c.constraints)) if c.constraints else "")
         )
+        w = c.workload
+        self.console.print(
+            f"workload {w.name}: '{w.prompts}' prompts, {w.max_tokens} new tokens, {w.warmup} warm-up + "
+            f"{w.repeats} measured rounds at concurrency {w.concurrency} (latency constraints hold at this load)"
+        )
         self.console.print(f"[dim]storage {c.storage_url}; MLflow {c.tracking.uri}[/dim]")
 
     def started(self, number: int, params: dict) -> None:
