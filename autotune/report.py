@@ -105,7 +105,10 @@ class Reporter:
                     t.add_row(k, _fmt(base["metrics"].get(k)) if base else "-", _fmt(win["metrics"].get(k)))
             self.console.print(t)
             self.console.print("winner params: " + self._params(win["params"]))
-            if "speedup" in s:
+            if base and win["number"] == base["number"]:
+                self.console.print("[yellow]No configuration beat the engine defaults under your "
+                                   "constraints: keep them (or widen the space / add trials).[/yellow]")
+            elif "speedup" in s:
                 noise = ""
                 if s.get("speedup_within_noise"):
                     noise = " [yellow](within noise)[/yellow]"
