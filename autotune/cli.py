@@ -1,4 +1,8 @@
-"""Command line: ``autotune run [conf=NAME] [OVERRIDES...] [--config-dir DIR] [--dry-run]``.
+"""Command line: ``autotune run|report|export|ui|ls``.
+
+``autotune run [conf=NAME] [OVERRIDES...] [--config-dir DIR] [--dry-run]`` runs or resumes a
+study; ``report``, ``export``, ``ui`` and ``ls`` read a study that exists (finished,
+interrupted or still running; see :mod:`autotune.commands`).
 
 Bad input exits 2 with one line (key, value, what is allowed) before any trial starts and
 before anything is written. Ctrl-C stops trials in flight, exports what is done, exits 130.
@@ -19,11 +23,23 @@ USAGE_EXAMPLES = """examples:
   autotune run conf=local_cpu study.n_trials=12
   autotune run --config-dir ~/my-confs conf=my_box
   autotune run conf=hydra_cluster --dry-run
+  autotune ls                                    # the studies under studies/
+  autotune report studies/local_cpu              # summary again + report.html and PNGs
+  autotune export studies/local_cpu --trial 7 --out /tmp/t7
+  autotune ui studies/local_cpu                  # MLflow UI on 127.0.0.1 at the study's runs
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``autotune: error: ...``, exit 2), no usage dump."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="autotune", epilog=USAGE_EXAMPLES,
+    p = _Parser(prog="autotune", epilog=USAGE_EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run (or resume) a study", epilog=USAGE_EXAMPLES,
@@ -31,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="conf=PRESET and Hydra overrides (key=value)")
     run.add_argument("--config-dir", help="a directory of your own presets (searched first)")
     run.add_argument("--dry-run", action="store_true", help="print the plan; run no trial")
+    from autotune.commands import add_parsers
+
+    add_parsers(sub)
     return p
 
 
@@ -50,6 +69,9 @@ def prepare(overrides: list[str], config_dir: str | None, dry_run: bool = False)
         missing = space.engine.preflight(cfg.engine.settings)
         if missing:
             raise ConfigError("engine.settings.gpus", cfg.engine.kind, missing[0])
+        from autotune.checks import check_model_paths
+
+        check_model_paths(cfg.engine.variants)  # real runs only: --dry-run works anywhere
     return cfg, space, baseline
 
 
@@ -60,19 +82,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print_plan(cfg, space, baseline)
         return 0
+    from autotune.commands import after_run
+    from autotune.commands import study_started
     from autotune.driver import Driver
     from autotune.placement import Placement
     from autotune.report import Reporter
     from autotune.tracking import Tracker
 
+    running = study_started(cfg)  # config.yaml + .running (validated: safe to write now)
     reporter = Reporter(cfg)
     tracker = Tracker(cfg) if cfg.tracking.enabled else None
     placement = Placement(cfg.ray)
     try:
         summary = Driver(cfg, space, placement, tracker, reporter).run()
     finally:
+        reporter.close()
         placement.shutdown()
-    return 130 if summary.get("interrupted") else 0
+        running.unlink(missing_ok=True)
+    after_run(cfg, reporter)
+    interrupted = summary.get("interrupted") if isinstance(summary, dict) else summary.interrupted
+    return 130 if interrupted else 0
 
 
 def _sigterm(signum, frame):  # noqa: ARG001
@@ -88,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        return args.func(args)
     except ConfigError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 2

@@ -3,8 +3,6 @@
 - :func:`resource_plan` lists the distinct resource demands of a space (CPUs, GPUs, custom
   Ray resources), how many trials of each fit at once on the configured capacity, and the
   demands that can never be scheduled (Ray would queue them forever).
-- :func:`check_gpu_split` checks a manual per-device split (GB per GPU, e.g. ExLlamaV2's
-  ``gpu_split``) against heterogeneous devices from NVML or ``engine.settings.gpus``.
 - :func:`gpu_lease` holds an exclusive ``flock`` per assigned GPU index for as long as a
   trial process (and whatever inherits the lock's descriptor) lives, so a GPU that Ray frees
   when a worker dies is not used by the next trial before the orphaned trial has exited.
@@ -22,6 +20,9 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.gpus import cpu_count
+from autotune.gpus import list_gpus
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -36,9 +37,6 @@ def capacity(cfg: Config) -> dict[str, float] | None:
     """CPU/GPU/custom capacity of a local Ray from the config; None when joining a cluster."""
     if cfg.ray.address:
         return None
-    from autotune.engines.base import cpu_count
-    from autotune.gpus import list_gpus
-
     gpus = cfg.ray.num_gpus if cfg.ray.num_gpus is not None else len(list_gpus())
     return {"CPU": float(cfg.ray.num_cpus or cpu_count()), "GPU": float(gpus),
             **{k: float(v) for k, v in cfg.ray.resources.items()}}
@@ -99,31 +97,6 @@ def unschedulable(cfg: Config, space: Space, limit: int = 2_000) -> list[str]:
             if not fits(need, cap):
                 out.add(", ".join(f"{k} {v:g}" for k, v in sorted(need.items())))
     return sorted(out)
-
-
-def check_gpu_split(split_gb: list[float], devices: list[dict], reserve_gb: float = 0.5) -> list[str]:
-    """Reasons a manual per-GPU split (GB on each device, in order) cannot fit.
-
-    ``devices`` are ``{name, memory_gb}`` in CUDA order: from :func:`devices` (NVML, else
-    ``engine.settings.gpus``). ``reserve_gb`` is left free per device for the CUDA context.
-    """
-    reasons = []
-    if len(split_gb) > len(devices):
-        reasons.append(f"the split names {len(split_gb)} GPUs; {len(devices)} are known")
-    for i, (want, dev) in enumerate(zip(split_gb, devices)):
-        have = float(dev.get("memory_gb", math.inf)) - reserve_gb
-        if want > have:
-            reasons.append(f"GPU {i} ({dev.get('name', 'GPU')}, {dev.get('memory_gb')} GB): split "
-                           f"asks {want:g} GB, at most {have:g} GB usable")
-    return reasons
-
-
-def devices(settings: dict) -> list[dict]:
-    """This machine's GPUs via NVML as {name, memory_gb}; else ``settings.gpus``."""
-    from autotune.gpus import list_gpus
-
-    found = [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]
-    return found or list(settings.get("gpus") or [])
 
 
 @contextlib.contextmanager

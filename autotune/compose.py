@@ -17,12 +17,18 @@ import re
 from pathlib import Path
 
 import yaml
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from autotune.engines.base import cpu_count
 from autotune.errors import ConfigError
 from autotune.errors import did_you_mean
 from autotune.errors import unknown_name
+from autotune.gpus import cpu_count
 
 DEFAULT_PRESET = "local_cpu"
 # Mappings whose keys are the user's own (a new key there may be added with +key=value).
@@ -53,9 +59,6 @@ def _register_resolvers() -> None:
 
 def _parse_overrides(overrides: list[str]) -> list:
     """Hydra's parsed overrides; a syntax error names the override that has it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
     parser = OverridesParser.create()
     out = []
     for o in overrides:
@@ -126,11 +129,6 @@ def _explain(err: Exception, compose_without, overrides: list[str], parsed: list
 
 def compose(overrides: list[str], config_dir: str | None = None) -> dict:
     """Compose ``conf=NAME`` + overrides into a plain, resolved dict."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
     _register_resolvers()
     preset = DEFAULT_PRESET
     rest = []

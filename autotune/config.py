@@ -9,19 +9,23 @@ as ``study.n_trials``), the value received and what is allowed. Engine-specific 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 import re
-import types
-import typing
+from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
+from autotune import checks
+from autotune._schema import build_section
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
+from autotune.trial.spec import ARRIVALS
+from autotune.trial.spec import LOADS
+from autotune.trial.spec import WorkloadSpec
 
 SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
+SEARCH_MODES = ("single", "pareto")
 SELECT_RULES = ("max", "knee", "weighted")
 
 
@@ -36,6 +40,10 @@ class StudyConfig:
     timeout_s: float | None = None
     seed: int | None = 0
     sampler: str = "tpe"
+    search: str = "single"  # single: optimise what select picks the winner by; pareto: objectives
+    n_startup: int | None = None  # space-filling startup trials incl. trial 0 (None: from n_trials)
+    precheck: bool = True  # skip configurations the engine predicts will not fit
+    max_rejected: int | None = None  # proposals refused in a row before the study stops (20 x n_trials)
     trial_timeout_s: float = 300.0
     enqueue: list[dict] = field(default_factory=list)
     objectives_modules: list[str] = field(default_factory=list)
@@ -51,17 +59,8 @@ class EngineConfig:
     export: list[str] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
-class WorkloadConfig:
-    """What each trial runs: a named prompt set, output length, warm-up and repeats."""
-
-    name: str = "short"
-    prompts: str = "short"
-    max_tokens: int = 64
-    warmup: int = 1
-    repeats: int = 5
-    concurrency: int = 1
-    ignore_eos: bool = True
+# The workload section is the record a trial carries (no second copy of its defaults).
+WorkloadConfig = WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -96,6 +95,14 @@ class TrackingConfig:
     uri: str = "sqlite:///mlruns/mlflow.db"
     artifacts: str = "mlruns/artifacts"
     experiment: str | None = None
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The report written at the end of ``autotune run`` (``autotune report`` writes it anytime)."""
+
+    enabled: bool = True   # report.html, logged to the MLflow parent run
+    png: bool = True       # PNG images of the plots (kaleido + a headless Chromium)
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,7 @@ class Config:
     ray: RayConfig
     tracking: TrackingConfig
     select: SelectConfig
+    report: ReportConfig = field(default_factory=ReportConfig)
     raw: dict = field(repr=False, default_factory=dict)
 
     @property
@@ -161,60 +169,10 @@ _SECTIONS = {
     "ray": RayConfig,
     "tracking": TrackingConfig,
     "select": SelectConfig,
+    "report": ReportConfig,
 }
 _TOP_KEYS = set(_SECTIONS) | {"space", "rules", "objectives", "constraints"}
 _CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
-
-
-def _check_type(path: str, value: Any, tp: Any) -> Any:
-    """Check ``value`` against a simple annotation; ints are accepted for floats."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _check_type(path, value, inner[0])
-    if origin is list or tp is list:
-        if not isinstance(value, list):
-            raise ConfigError(path, value, "expected a list")
-        return value
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(path, value, "expected a mapping")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(path, value, "expected true or false")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, value, "expected an integer")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, value, "expected a number")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(path, value, "expected a string")
-        return value
-    return value
-
-
-def build_section(cls: type, data: Any, path: str):
-    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError."""
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(path, data, "expected a mapping")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    for key in data:
-        if key not in names:
-            raise unknown_name(f"{path}.{key}", key, names, "key")
-    kwargs = {k: _check_type(f"{path}.{k}", v, hints[k]) for k, v in data.items()}
-    return cls(**kwargs)
 
 
 def _positive(path: str, value: float | int | None, allow_zero: bool = False) -> None:
@@ -222,6 +180,52 @@ def _positive(path: str, value: float | int | None, allow_zero: bool = False) ->
         return
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(path, value, "must be > 0" if not allow_zero else "must be >= 0")
+
+
+def check_workload(wl: WorkloadSpec, trial_timeout_s: float | None = None) -> None:
+    """Range and combination checks of the ``workload`` section (ConfigError with its path)."""
+    for key in ("max_tokens", "repeats", "concurrency", "turns", "max_concurrency", "max_rate",
+                "search_time_s", "rate"):
+        _positive(f"workload.{key}", getattr(wl, key))
+    if wl.max_tokens < 2:
+        raise ConfigError("workload.max_tokens", wl.max_tokens, "must be >= 2 (decode speed needs 2 tokens)")
+    _positive("workload.warmup", wl.warmup, allow_zero=True)
+    _positive("workload.saturation_gain", wl.saturation_gain, allow_zero=True)
+    if wl.arrival not in ARRIVALS:
+        raise unknown_name("workload.arrival", wl.arrival, ARRIVALS, "arrival")
+    if wl.load not in LOADS:
+        raise unknown_name("workload.load", wl.load, LOADS, "load")
+    if wl.arrival == "poisson" and wl.rate is None:
+        raise ConfigError("workload.rate", None, "arrival: poisson needs a rate in requests/s (> 0)")
+    shapes = [k for k, on in (("turns", wl.turns > 1), ("mix", bool(wl.mix)),
+                              ("context_ladder", bool(wl.context_ladder))) if on]
+    if len(shapes) > 1:
+        raise ConfigError(f"workload.{shapes[1]}", getattr(wl, shapes[1]),
+                          f"cannot be combined with workload.{shapes[0]}; use one workload shape")
+    for i, m in enumerate(wl.mix):
+        _positive(f"workload.mix[{i}].prompt_tokens", m.prompt_tokens)
+        _positive(f"workload.mix[{i}].weight", m.weight)
+        if m.output_tokens < 2:
+            raise ConfigError(f"workload.mix[{i}].output_tokens", m.output_tokens, "must be >= 2")
+    for i, n in enumerate(wl.context_ladder):
+        _positive(f"workload.context_ladder[{i}]", n)
+    if list(wl.context_ladder) != sorted(wl.context_ladder):
+        raise ConfigError("workload.context_ladder", list(wl.context_ladder), "list lengths in increasing order")
+    slo = wl.slo
+    for key in ("ttft_p95_ms", "itl_p95_ms", "e2e_p99_ms"):
+        _positive(f"workload.slo.{key}", getattr(slo, key))
+    if not 0.0 <= slo.error_rate <= 1.0:
+        raise ConfigError("workload.slo.error_rate", slo.error_rate, "must be in [0, 1] (a share of requests)")
+    if wl.load == "slo":
+        if slo.ttft_p95_ms is None and slo.itl_p95_ms is None and slo.e2e_p99_ms is None:
+            raise ConfigError("workload.slo", asdict(slo),
+                              "load: slo needs at least one of ttft_p95_ms, itl_p95_ms, e2e_p99_ms")
+        if wl.context_ladder:
+            raise ConfigError("workload.load", wl.load, "load: slo cannot search a context_ladder; use fixed")
+        if trial_timeout_s is not None and wl.search_time_s >= trial_timeout_s:
+            raise ConfigError("workload.search_time_s", wl.search_time_s,
+                              f"must be below study.trial_timeout_s ({trial_timeout_s:g}), which also "
+                              "covers the engine's start and warm-up; lower it or raise the timeout")
 
 
 def parse_constraint(text: Any, path: str) -> Constraint:
@@ -307,14 +311,13 @@ def load_config(data: dict) -> Config:
     _positive("study.trial_timeout_s", study.trial_timeout_s)
     if study.sampler not in SAMPLERS:
         raise unknown_name("study.sampler", study.sampler, SAMPLERS, "sampler")
+    if study.search not in SEARCH_MODES:
+        raise unknown_name("study.search", study.search, SEARCH_MODES, "search mode")
+    _positive("study.n_startup", study.n_startup, allow_zero=True)
+    _positive("study.max_rejected", study.max_rejected)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", study.name):
         raise ConfigError("study.name", study.name, "use letters, digits, '_', '-' and '.' only")
-    wl: WorkloadConfig = sections["workload"]
-    for key in ("max_tokens", "repeats", "concurrency"):
-        _positive(f"workload.{key}", getattr(wl, key))
-    if wl.max_tokens < 2:
-        raise ConfigError("workload.max_tokens", wl.max_tokens, "must be >= 2 (decode speed needs 2 tokens)")
-    _positive("workload.warmup", wl.warmup, allow_zero=True)
+    check_workload(sections["workload"], study.trial_timeout_s)
     q: QualityConfig = sections["quality"]
     if q.n_tokens < 16:
         raise ConfigError("quality.n_tokens", q.n_tokens, "must be >= 16")
@@ -336,6 +339,7 @@ def load_config(data: dict) -> Config:
     if not isinstance(constraints_raw, list):
         raise ConfigError("constraints", constraints_raw, "expected a list like ['ttft_p95_ms <= 200']")
     constraints = [parse_constraint(c, f"constraints[{i}]") for i, c in enumerate(constraints_raw)]
+    _check_satisfiable(constraints, constraints_raw)
     from objectives import get_metric
 
     get_metric(sel.metric, "select.metric")
@@ -347,6 +351,33 @@ def load_config(data: dict) -> Config:
     rules = data.get("rules") or []
     if not isinstance(rules, list):
         raise ConfigError("rules", rules, "expected a list of rule expressions")
+    rules = _check_pointers(data, sections, rules)
     return Config(
         objectives=objectives, constraints=constraints, space=space, rules=rules, raw=data, **sections
     )
+
+
+def _check_pointers(data: dict, sections: dict, rules: list) -> list:
+    """What the config points at (see :mod:`autotune.checks`); returns the rules to use.
+
+    The rules gain one automatic rule when some context sizes of the space are too small
+    for the workload (``cfg.raw`` keeps the user's rules as written).
+    """
+    study, tracking, quality = sections["study"], sections["tracking"], sections["quality"]
+    checks.check_storage(study.dir, study.storage)
+    if tracking.enabled:
+        checks.check_tracking(tracking.uri, tracking.artifacts)
+    checks.check_quality_text(quality.enabled, quality.text)
+    prompts = checks.check_prompts(sections["workload"].prompts)
+    extra = checks.context_rule(data, sections["workload"], prompts)
+    return [*rules, extra] if extra else rules
+
+
+def _check_satisfiable(constraints: list[Constraint], raw: list) -> None:
+    """No metric may be bounded above below where it is bounded below."""
+    for metric in {c.metric for c in constraints}:
+        upper = min((c.bound for c in constraints if c.metric == metric and c.op == "<="), default=None)
+        lower = max((c.bound for c in constraints if c.metric == metric and c.op == ">="), default=None)
+        if upper is not None and lower is not None and lower > upper:
+            raise ConfigError("constraints", raw, f"no value of {metric} is both >= {lower:g} and "
+                              f"<= {upper:g}; relax one bound")

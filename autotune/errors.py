@@ -1,4 +1,11 @@
-"""User-facing errors: one line, the key, the value, what is allowed (exit code 2)."""
+"""Every exception autotune raises on purpose, under one :class:`AutotuneError` base.
+
+- :class:`ConfigError`: bad user input, found before any trial starts (one line, exit 2).
+- :class:`InfeasibleConfig`: a trial's parameters cannot run (recorded as infeasible).
+- :class:`Unsupported`: an optional engine capability is missing (e.g. full logits).
+- :class:`CommandFailed`, :class:`ServerExited`, :class:`RequestRejected`: an engine's
+  process failed; the trial worker turns each into a failed result with its reason.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,11 @@ import difflib
 from collections.abc import Iterable
 
 
-class ConfigError(Exception):
+class AutotuneError(Exception):
+    """Base of every exception autotune raises on purpose."""
+
+
+class ConfigError(AutotuneError):
     """A bad configuration, detected before any trial starts.
 
     The message is a single line that names the config path, the value received and what
@@ -22,6 +33,35 @@ class ConfigError(Exception):
         if hint:
             msg += f". {hint}"
         super().__init__(msg)
+
+
+class InfeasibleConfig(AutotuneError):
+    """Raised by an engine when the trial's parameters cannot run (recorded as infeasible)."""
+
+
+class Unsupported(AutotuneError, RuntimeError):
+    """An optional capability the engine does not have (e.g. full logits for quality)."""
+
+
+class CommandFailed(AutotuneError):
+    """A command engine's command exited non-zero, printed no metrics line, or timed out."""
+
+
+class ServerExited(AutotuneError, RuntimeError):
+    """The server process exited before it answered its health check."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message + (f"\n--- server log tail ---\n{log_tail}" if log_tail else ""))
+        self.log_tail = log_tail
+
+
+class RequestRejected(AutotuneError, RuntimeError):
+    """The server answered a completion request with an HTTP error status."""
+
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"POST /v1/completions returned HTTP {status}: {body[:1000]}")
+        self.status = status
+        self.body = body
 
 
 def did_you_mean(name: str, options: Iterable[str]) -> str:

@@ -71,9 +71,35 @@ def validate_variants(variants: dict, path: str = "engine.variants") -> None:
             raise ConfigError(f"{p}.bpw", v["bpw"], "expected a number of bits per weight")
 
 
+def package_file(package: str) -> Path:
+    """Where the GGUF assembled from PyPI package ``package`` is cached."""
+    return cache_dir() / f"{package}.gguf"
+
+
+def quantized_file(src: Path, recipe: dict) -> Path:
+    """Where the variant quantised from ``src`` with ``recipe`` is cached (one file per pair)."""
+    key = hashlib.sha256(json.dumps([str(src), recipe], sort_keys=True).encode()).hexdigest()[:12]
+    return cache_dir() / f"{src.stem}.{recipe['ftype'].lower()}.{key}.gguf"
+
+
+def made_variant_file(name: str, variants: dict) -> Path | None:
+    """The file of variant ``name`` if it exists now (a user path as given); never makes one."""
+    v = variants.get(name) or {}
+    if "path" in v:
+        return Path(os.path.expanduser(v["path"]))
+    if "package" in v:
+        found = package_file(v["package"])
+    elif "recipe" in v:
+        base = made_variant_file(v.get("base", ""), variants)
+        found = quantized_file(base, v["recipe"]) if base is not None else None
+    else:
+        return None
+    return found if found is not None and found.exists() else None
+
+
 def _assemble_package(package: str) -> Path:
     mod = importlib.import_module(package)
-    out = cache_dir() / f"{package}.gguf"
+    out = package_file(package)
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(f".{os.getpid()}.tmp")
@@ -85,8 +111,7 @@ def _assemble_package(package: str) -> Path:
 def _quantize(src: Path, recipe: dict) -> Path:
     import llama_cpp
 
-    key = hashlib.sha256(json.dumps([str(src), recipe], sort_keys=True).encode()).hexdigest()[:12]
-    out = cache_dir() / f"{src.stem}.{recipe['ftype'].lower()}.{key}.gguf"
+    out = quantized_file(src, recipe)
     if out.exists():
         return out
     params = llama_cpp.llama_model_quantize_default_params()
@@ -114,3 +139,33 @@ def resolve_variant(name: str, variants: dict) -> Path:
     if "package" in v:
         return _assemble_package(v["package"])
     return _quantize(resolve_variant(v["base"], variants), v["recipe"])
+
+
+def variant_origin(name: str, variants: dict) -> str:
+    """How variant ``name`` is obtained, in words (for exports and best.yaml)."""
+    v = variants[name]
+    if "path" in v:
+        return f"{name}: your file {v['path']}"
+    if "package" in v:
+        return f"{name}: assembled from the PyPI package {v['package']} on first use"
+    recipe = ", ".join(f"{k}={x}" for k, x in v["recipe"].items())
+    return f"{name}: quantised by autotune from {v['base']} ({recipe}) on first use"
+
+
+def export_variants(names: list[str], variants: dict) -> tuple[dict, list[str]]:
+    """``variants`` with ``path`` set to the real file of each named shipped or made variant.
+
+    The file is the cached one, made now if missing (the same cache the trials used).
+    Returns (variants, problems); a variant that cannot be made keeps no path and its
+    problem says why.
+    """
+    out = {k: dict(v) for k, v in variants.items()}
+    problems = []
+    for name in names:
+        if name not in variants or "path" in variants[name]:
+            continue
+        try:
+            out[name]["path"] = str(resolve_variant(name, variants).resolve())
+        except Exception as e:  # noqa: BLE001 - reported in the export, never fatal
+            problems.append(f"variant {name} could not be made for the export: {e}")
+    return out, problems

@@ -12,7 +12,11 @@ import os
 from typing import TYPE_CHECKING
 from typing import Any
 
-from autotune.engines.base import cpu_count
+import ray
+
+from autotune.cluster import LEASE_DIR
+from autotune.cluster import gpu_lease
+from autotune.gpus import cpu_count
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
@@ -24,11 +28,6 @@ if TYPE_CHECKING:
 
 def _run_remote(spec_json: str) -> str:
     """The Ray task: run one trial in an isolated subprocess; JSON in, JSON out."""
-    import ray
-
-    from autotune.cluster import LEASE_DIR
-    from autotune.cluster import gpu_lease
-
     spec = TrialSpec.from_json(spec_json)
     gpus = ",".join(str(g) for g in ray.get_gpu_ids())
     if not gpus:
@@ -51,8 +50,6 @@ class Placement:
     """Submits trials to Ray and collects their results. Owned by the driver thread."""
 
     def __init__(self, cfg: RayConfig) -> None:
-        import ray
-
         self.ray = ray
         self.owns_ray = False
         if not ray.is_initialized():

@@ -15,7 +15,9 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from autotune.engines.base import cpu_count
+from autotune.cluster import resource_plan
+from autotune.gpus import cpu_count
+from autotune.gpus import list_gpus
 
 if TYPE_CHECKING:
     from autotune.config import Config
@@ -45,8 +47,6 @@ def describe_param(p) -> str:
 
 def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Console | None = None) -> None:
     """Print the plan of a study; run nothing, write nothing."""
-    from autotune.gpus import list_gpus
-
     c = console or Console(highlight=False)
     c.rule("resolved config")
     c.print(yaml.safe_dump(cfg.raw, sort_keys=False), markup=False)
@@ -80,8 +80,6 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
             + (", ".join(f"GPU{g.index} {g.name} {g.memory_gb:.0f} GB" for g in gpus) or "no GPU"))
     c.print(f"trial 0 (baseline) reserves {res.num_cpus:g} CPU, {res.num_gpus:g} GPU"
             + (f", {res.custom}" if res.custom else ""))
-    from autotune.cluster import resource_plan
-
     for line in resource_plan(cfg, space):
         c.print(line, markup=False)
     need = space.engine.preflight(cfg.engine.settings)
@@ -89,9 +87,9 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
         c.print(f"[yellow]cannot run here: {need[0]}[/yellow]")
     c.print(f"Ray: {cfg.ray.address or 'local embedded'}; max concurrent trials: "
             f"{cfg.ray.max_concurrent or 'as resources allow'}")
-    launch = getattr(space.engine, "describe_launch", None)
-    if launch is not None:
-        text = launch(baseline, cfg.engine.settings, cfg.engine.variants, asdict(cfg.workload))
+    text = space.engine.describe_launch(baseline, cfg.engine.settings, cfg.engine.variants,
+                                        asdict(cfg.workload))
+    if text:
         c.print(f"trial 0 runs: {text}", markup=False)
     c.rule("study")
     budget = f"{cfg.study.n_trials} trials" + (

@@ -2,11 +2,14 @@
 
 TPE is multivariate with ``group=True`` (conditional spaces) and ``constant_liar=True`` so
 trials in flight push parallel proposals apart. Constraints reach every sampler through
-``trial.set_constraint`` (Optuna 5); no ``constraints_func`` is passed.
+``trial.set_constraint`` (Optuna 5); no ``constraints_func`` is passed. TPE and GP model
+from the first trial after the startup design (:mod:`autotune.design`), which replaces
+their random startup trials; ``random`` and ``grid`` get no design.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from typing import TYPE_CHECKING
 
@@ -30,8 +33,6 @@ class AskTellGridSampler(optuna.samplers.GridSampler):
 
 def torch_available() -> bool:
     """Whether ``import torch`` would work (without importing it)."""
-    import importlib.util
-
     return importlib.util.find_spec("torch") is not None
 
 
@@ -48,10 +49,16 @@ def check_sampler(name: str, space: Space) -> None:
         space.grid()  # a continuous dimension raises with its path
 
 
-def make_sampler(name: str, seed: int | None, space: Space, n_trials: int) -> optuna.samplers.BaseSampler:
-    """Build the sampler named in ``study.sampler``."""
+def uses_design(name: str) -> bool:
+    """Whether the sampler starts from the space-filling design (model-based samplers)."""
+    return name in ("tpe", "gp")
+
+
+def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
+                 n_startup: int | None = None) -> optuna.samplers.BaseSampler:
+    """Build the sampler named in ``study.sampler``; ``n_startup`` trials precede its model."""
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-    startup = max(4, min(10, n_trials // 3))
+    startup = max(4, min(10, n_trials // 3)) if n_startup is None else n_startup
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, group=True, constant_liar=True,

@@ -2,7 +2,9 @@
 
 Pure functions over :class:`Record` (number, params, metrics), tested table-first. The
 driver re-measures the top candidates side by side and calls :func:`rank` again on the
-re-measured numbers, so noise in the search cannot pick the winner.
+re-measured numbers, so noise in the search cannot pick the winner. :func:`search_scalar`
+is the one number the default search (``study.search: single``) optimises: the metric
+the winner is chosen by, or a scale-free scalarisation of the metrics ``knee``/``weighted`` read.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Record:
     feasible: bool = True
     reason: str = ""
     violations: dict[str, float] = field(default_factory=dict)
+    kind: str = "launched"  # launched (ran), rejected (never started), duplicate (reused a result)
 
 
 def _norm(records: list[Record], metric: str) -> dict[int, float]:
@@ -89,3 +92,33 @@ def pareto_front(records: list[Record], objectives: list[str]) -> list[Record]:
         return better_or_eq and strictly
 
     return [a for a in pts if not any(dominates(b, a) for b in pts if b is not a)]
+
+
+def _slog(value: float) -> float:
+    """Signed log: scale-free for large values, linear around 0, defined for negatives."""
+    return math.copysign(math.log1p(abs(value)), value)
+
+
+def search_direction(rule: str, metric: str) -> str:
+    """Direction of :func:`search_scalar`: the metric's own for ``max``, else maximize."""
+    return get_metric(metric).direction if rule == "max" else "maximize"
+
+
+def search_scalar(metrics: dict[str, float], rule: str, metric: str, objectives: list[str],
+                  weights: dict[str, float]) -> float | None:
+    """The value the single-objective search optimises, or None if a metric it reads is missing.
+
+    ``max``: the metric itself. ``weighted``: sum of ``weight * signed log(value)`` with the
+    sign of each metric's direction (better is higher), over the sum of |weights|. ``knee``:
+    the same with equal weights over the objectives (a balanced, scale-free trade-off).
+    """
+    used = _uses(rule, metric, objectives, weights)
+    vals = {m: metrics.get(m, math.nan) for m in used}
+    if not all(math.isfinite(v) for v in vals.values()):
+        return None
+    if rule == "max":
+        return vals[metric]
+    w = weights if rule == "weighted" else {m: 1.0 for m in objectives}
+    total = sum(abs(x) for x in w.values()) or 1.0
+    sign = {m: 1.0 if get_metric(m).higher_is_better else -1.0 for m in w}
+    return sum(w[m] * sign[m] * _slog(vals[m]) for m in w) / total

@@ -1,5 +1,5 @@
 """Cross-section checks run before any trial: enqueued configs, reference, workload vs engine,
-quality vs engine, the sampler vs the space, and the command engine's timeout vs the trial's.
+quality vs engine, the sampler vs the space, and an engine's own timeout vs the trial's.
 """
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
+from autotune.engines.base import get_engine_class
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
+from autotune.samplers import check_sampler
 
 if TYPE_CHECKING:
     from autotune.config import Config
@@ -53,7 +55,7 @@ def validate_reference(cfg: Config, space: Space) -> None:
 def validate_quality(cfg: Config, space: Space) -> None:
     """Quality needs the engine's full next-token distributions (``Engine.logprobs``)."""
     if cfg.quality.enabled and not space.engine.supports_quality:
-        hint = " (the command may print ppl_delta_pct itself)" if cfg.engine.kind == "command" else ""
+        hint = space.engine.quality_hint
         raise ConfigError(
             "quality.enabled", True,
             f"engine {cfg.engine.kind} exposes no full logits, so autotune cannot measure "
@@ -62,24 +64,23 @@ def validate_quality(cfg: Config, space: Space) -> None:
 
 
 def validate_timeouts(cfg: Config) -> None:
-    """A command's own timeout must fire before the trial runner kills the whole trial."""
-    own = cfg.engine.settings.get("timeout_s") if cfg.engine.kind == "command" else None
+    """An engine's own timeout must fire before the trial runner kills the whole trial."""
+    engine = get_engine_class(cfg.engine.kind)
+    own = engine.own_timeout_s(cfg.engine.settings)
     if isinstance(own, (int, float)) and own >= cfg.study.trial_timeout_s:
         raise ConfigError("engine.settings.timeout_s", own,
                           f"must be below study.trial_timeout_s ({cfg.study.trial_timeout_s:g}) so "
-                          "the command's own timeout fires first and the trial reports why")
+                          f"the {cfg.engine.kind} engine's own timeout fires first and the trial reports why")
 
 
 def validate_all(cfg: Config, space: Space, baseline: dict[str, Any]) -> None:
     """Everything that can be checked without running a trial."""
-    from autotune.samplers import check_sampler
-
     validate_quality(cfg, space)
     validate_timeouts(cfg)
     check_sampler(cfg.study.sampler, space)
     validate_enqueue(space, baseline, cfg.study.enqueue)
     validate_reference(cfg, space)
-    max_conc = getattr(space.engine, "max_concurrency", None)
+    max_conc = space.engine.max_concurrency
     if max_conc is not None and cfg.workload.concurrency > max_conc:
         raise ConfigError("workload.concurrency", cfg.workload.concurrency,
                           f"engine {cfg.engine.kind} serves at most {max_conc} request(s) at a time")

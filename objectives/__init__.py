@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from objectives import builtin  # noqa: F401  (registers the built-in metrics)
+from objectives import serving  # noqa: F401  (serving, load and multi-turn metrics)
 from objectives._registry import Direction
 from objectives._registry import Metric
 from objectives._registry import all_metrics

@@ -1,4 +1,4 @@
-"""Shared fixtures: run the real CLI in a subprocess inside a temporary working directory."""
+"""Shared fixtures: the real CLI in a subprocess in a temporary directory; a local Ray node."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 # Ray reads these once, at import: keep a driver on 127.0.0.1 (never the machine's other
-# addresses) and send the token that `ray start` heads require.
+# addresses), send the token that `ray start` heads require, and let a trial that reserved no
+# GPU keep the CUDA_VISIBLE_DEVICES it is given.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,6 +33,20 @@ def cli(tmp_path: Path):
         return run_cli(list(args), tmp_path, timeout, env)
 
     return _run
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray node with 8 CPUs and 4 fake GPUs, shared by the tests of a module."""
+    import ray  # here, not at the top: most tests never start Ray
+
+    from tests.helpers.ray_cluster import RAY_INIT
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=8, num_gpus=4, **RAY_INIT)
+    yield ray
+    ray.shutdown()
 
 
 def study_overrides(tmp_path: Path, name: str = "e2e") -> list[str]:

@@ -19,18 +19,18 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest_ray import HEAD_AUTH_MODE
-from conftest_ray import RAY_INIT
-from conftest_ray import WhenStarted
-from conftest_ray import fake_config
-from conftest_ray import gpu_overlaps
-from conftest_ray import loopback_only
-from conftest_ray import run_study
-from conftest_ray import study_records
-from conftest_ray import trial_events
-from conftest_ray import wait_gone
 
-from tests.procs import process_alive
+from tests.helpers.procs import process_alive
+from tests.helpers.ray_cluster import HEAD_AUTH_MODE
+from tests.helpers.ray_cluster import RAY_INIT
+from tests.helpers.ray_cluster import WhenStarted
+from tests.helpers.ray_cluster import fake_config
+from tests.helpers.ray_cluster import gpu_overlaps
+from tests.helpers.ray_cluster import loopback_only
+from tests.helpers.ray_cluster import run_study
+from tests.helpers.ray_cluster import study_records
+from tests.helpers.ray_cluster import trial_events
+from tests.helpers.ray_cluster import wait_gone
 
 pytestmark = pytest.mark.slow
 RESOURCE = {"resource": {"type": "categorical", "choices": ["", "gpu_5090", "doomed"]}}
@@ -74,7 +74,7 @@ def test_join_a_running_head_by_address(tmp_path):
     if ray.is_initialized():
         ray.shutdown()
     if not loopback_only():
-        pytest.skip("ray was imported before conftest_ray: set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0")
+        pytest.skip("ray was imported before tests.helpers.ray_cluster: set RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0")
     port = _free_port()
     temp_dir = tempfile.mkdtemp(prefix="atray", dir="/tmp")  # short: unix socket paths
     argv = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",

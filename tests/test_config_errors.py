@@ -33,7 +33,7 @@ def header(path: Path) -> dict[str, str]:
     return out
 
 
-def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, "-m", "autotune.cli", "run", *args],
@@ -41,7 +41,7 @@ def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
 
 
@@ -136,3 +136,47 @@ def test_bad_override(args: list[str], expect: str, hint: str, tmp_path: Path):
     proc = run_cli([*args, "--dry-run"], tmp_path)
     assert_one_line_error(proc, expect, hint)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_corpus_covers_every_case_of_issue_10():
+    names = {p.stem for p in CASES}
+    for case in ("workload_prompts_unknown", "quality_text_missing", "workload_max_tokens_huge",
+                 "tracking_uri_bad_scheme", "space_n_ctx_too_small_for_workload",
+                 "constraints_contradict", "select_metric_unknown", "objectives_empty"):
+        assert case in names
+    assert len(CASES) >= 90
+
+
+def test_missing_model_file_refused_on_a_real_run(tmp_path: Path, tmp_path_factory):
+    """Variant paths are checked before a real run (``--dry-run`` of a GPU preset works anywhere)."""
+    conf = tmp_path_factory.mktemp("conf")
+    (conf / "missing_model.yaml").write_text(
+        "defaults: [base, {engine: llamacpp}, {workload: short}, _self_]\n"
+        "engine:\n  settings: {default_variant: mine}\n"
+        "  variants: {mine: {path: /no/such/model.gguf}}\n"
+        "space:\n  n_threads: {type: int, low: 1, high: 2}\n"
+        "quality: {enabled: false}\n")
+    args = ["--config-dir", str(conf), "conf=missing_model"]
+    assert run_cli([*args, "--dry-run"], tmp_path).returncode == 0
+    proc = run_cli(args, tmp_path)
+    assert_one_line_error(proc, "engine.variants.mine.path: got '/no/such/model.gguf'; no such file")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="needs llama-cpp-python")
+def test_failing_quality_reference_is_one_line_and_the_parent_run_ends_failed(tmp_path: Path):
+    """A quantized V cache without flash_attn cannot start: the reference fails cleanly."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlruns/mlflow.db"
+    proc = run_cli(["conf=local_cpu", "study.name=ref", f"study.dir={tmp_path}/studies/ref",
+                    f"tracking.uri={uri}", f"tracking.artifacts={tmp_path}/mlruns/artifacts",
+                    "rules=[]", "quality.reference.type_v=q8_0", "+quality.reference.flash_attn=false"],
+                   tmp_path, timeout=600)
+    line = assert_one_line_error(proc, "quality.reference: got ", "the reference configuration failed")
+    log = Path(line.rsplit("log: ", 1)[1])
+    assert log.exists() and log.name == "trial.log"
+    runs = MlflowClient(tracking_uri=uri).search_runs(
+        [MlflowClient(tracking_uri=uri).get_experiment_by_name("ref").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]

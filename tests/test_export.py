@@ -13,7 +13,6 @@ from autotune.export import write_all
 from autotune.select import Record
 from autotune.select import pareto_front
 from autotune.space import compile_space
-from autotune.trial.spec import write_atomic
 
 
 def _cfg(tmp_path):
@@ -49,8 +48,16 @@ def test_write_all_produces_every_file(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def test_write_atomic_replaces_whole_files(tmp_path):
-    p = tmp_path / "x.json"
-    write_atomic(p, "a" * 1000)
-    write_atomic(p, "b")
-    assert p.read_text() == "b" and len(list(tmp_path.iterdir())) == 1
+def test_summary_says_when_an_export_cannot_run(tmp_path):
+    from autotune.compose import compose as _compose
+
+    data = _compose(["conf=local_cpu", f"study.dir={tmp_path}"])
+    data["engine"]["variants"]["gone"] = {"path": str(tmp_path / "gone.gguf")}
+    data["space"]["model"]["choices"].append("gone")
+    cfg = load_config(data)
+    space = compile_space(cfg)
+    win = Record(2, {"model": "gone", "n_threads": 2}, {"decode_tps": 90.0, "ttft_p95_ms": 120.0})
+    write_all(tmp_path, cfg, space, [win], win, {"winner": 2, "warnings": ["earlier"]})
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["warnings"][0] == "earlier"
+    assert any("gone.gguf does not exist" in w for w in summary["warnings"][1:]), summary["warnings"]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.conftest import study_overrides
-from tests.procs import processes_with_arg
+from tests.helpers.procs import processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

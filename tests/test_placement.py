@@ -11,18 +11,17 @@ import signal
 import time
 
 import pytest
-from conftest_ray import RAY_INIT
-from conftest_ray import WhenStarted
-from conftest_ray import fake_config
-from conftest_ray import gpu_overlaps
-from conftest_ray import max_concurrent
-from conftest_ray import run_study
-from conftest_ray import study_records
-from conftest_ray import trial_events
-from conftest_ray import wait_gone
 
 from autotune.engines.fake import FakeEngine
-from tests.procs import process_alive
+from tests.helpers.procs import process_alive
+from tests.helpers.ray_cluster import WhenStarted
+from tests.helpers.ray_cluster import fake_config
+from tests.helpers.ray_cluster import gpu_overlaps
+from tests.helpers.ray_cluster import max_concurrent
+from tests.helpers.ray_cluster import run_study
+from tests.helpers.ray_cluster import study_records
+from tests.helpers.ray_cluster import trial_events
+from tests.helpers.ray_cluster import wait_gone
 
 FAULTS = {"crash": {"type": "bool"}, "hang": {"type": "bool"}, "oom": {"type": "bool"},
           "nan": {"type": "bool"}}
@@ -51,18 +50,6 @@ def test_fake_engine_check(params, settings, ok):
 def test_fake_engine_resources(params, settings, want):
     res = FakeEngine.resources(params, settings)
     assert (res.num_cpus, res.num_gpus, res.custom) == want
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray node with 8 CPUs and 4 fake GPUs, shared by this module."""
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, **RAY_INIT)
-    yield ray
-    ray.shutdown()
 
 
 @pytest.mark.slow
@@ -110,7 +97,8 @@ def test_faults_become_failed_results_and_the_study_goes_on(local_ray, tmp_path)
 @pytest.mark.slow
 def test_killed_ray_worker_fails_only_its_trial(local_ray, tmp_path):
     space = {"duration_s": {"type": "categorical", "choices": [0.0, 1.5, 30.0]}}
-    enqueue = [{"duration_s": 30.0, "gpus": 2}] + [{"duration_s": 1.5}] * 3
+    # three distinct short trials (a repeated configuration would not be launched again)
+    enqueue = [{"duration_s": 30.0, "gpus": 2}] + [{"duration_s": 1.5, "x": x} for x in (0.1, 0.2, 0.3)]
     cfg, space = fake_config(tmp_path, ["study.n_trials=5"], space=space, enqueue=enqueue)
     died: dict[int, float] = {}
 
@@ -198,12 +186,3 @@ def test_resource_plan_flags_demands_that_never_fit(tmp_path):
     plan = "\n".join(resource_plan(cfg, space))
     assert "CPU 1, GPU 2: 50% of configs, NEVER fits" in plan
     assert "CPU 1, GPU 1: 50% of configs, 1 at once" in plan
-
-
-@pytest.mark.parametrize(("split", "ok"), [([20, 32], False), ([24, 31], False), ([23, 31], True),
-                                           ([8], True), ([10, 10, 10], False)])
-def test_check_gpu_split_per_device(split, ok):
-    from autotune.cluster import check_gpu_split
-
-    devices = [{"name": "RTX 4090", "memory_gb": 24}, {"name": "RTX 5090", "memory_gb": 32}]
-    assert (check_gpu_split(split, devices) == []) is ok

@@ -9,6 +9,8 @@ import pytest
 from autotune.select import Record
 from autotune.select import pareto_front
 from autotune.select import rank
+from autotune.select import search_direction
+from autotune.select import search_scalar
 
 
 def rec(number: int, tps: float, ttft: float, **extra: float) -> Record:
@@ -76,3 +78,18 @@ FRONTS = [
 @pytest.mark.parametrize(("records", "expected"), FRONTS)
 def test_pareto_front(records, expected):
     assert [r.number for r in pareto_front(records, OBJ)] == expected
+
+
+@pytest.mark.parametrize(("rule", "metric", "weights", "metrics", "expected"), [
+    ("max", "decode_tps", {}, {"decode_tps": 80.0, "ttft_p95_ms": 100.0}, 80.0),
+    ("max", "ttft_p95_ms", {}, {"decode_tps": 80.0, "ttft_p95_ms": 100.0}, 100.0),
+    ("max", "decode_tps", {}, {"ttft_p95_ms": 100.0}, None),
+    ("knee", "decode_tps", {}, {"decode_tps": math.e - 1, "ttft_p95_ms": math.e ** 2 - 1}, -0.5),
+    ("weighted", "decode_tps", {"decode_tps": 3.0, "ttft_p95_ms": 1.0},
+     {"decode_tps": math.e - 1, "ttft_p95_ms": math.e - 1}, 0.5),
+    ("weighted", "decode_tps", {"ppl_delta_pct": 1.0}, {"ppl_delta_pct": -(math.e - 1)}, 1.0),
+])
+def test_search_scalar(rule, metric, weights, metrics, expected):
+    got = search_scalar(metrics, rule, metric, ["decode_tps", "ttft_p95_ms"], weights)
+    assert got == (pytest.approx(expected) if expected is not None else None)
+    assert search_direction(rule, metric) == ("minimize" if metric == "ttft_p95_ms" and rule == "max" else "maximize")

@@ -1,12 +1,14 @@
-"""Engine adapters behind one contract; see :mod:`autotune.engines.base`."""
+"""Engine adapters behind one contract; see :mod:`autotune.engines.base` and docs/engines.md."""
 
 from __future__ import annotations
 
 from autotune.engines.base import ENGINES
 from autotune.engines.base import Engine
-from autotune.engines.base import Generation
+from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.base import get_engine_class
+from autotune.measure.types import Generation
 
-__all__ = ["ENGINES", "Engine", "Generation", "Knob", "Resources", "get_engine_class"]
+__all__ = ["ENGINES", "Engine", "EngineSettings", "Generation", "Knob", "Resources",
+           "get_engine_class"]

@@ -23,26 +23,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.engines.base import Generation
+from autotune._files import tail as log_tail
+from autotune.errors import RequestRejected
+from autotune.errors import ServerExited
+from autotune.measure.types import Generation
+
+__all__ = ["HOST", "RequestRejected", "ServerExited", "free_port", "stream_completion",
+           "wait_healthy"]
 
 HOST = "127.0.0.1"
-
-
-class ServerExited(RuntimeError):
-    """The server process exited before it answered its health check."""
-
-    def __init__(self, message: str, log_tail: str = "") -> None:
-        super().__init__(message + (f"\n--- server log tail ---\n{log_tail}" if log_tail else ""))
-        self.log_tail = log_tail
-
-
-class RequestRejected(RuntimeError):
-    """The server answered a completion request with an HTTP error status."""
-
-    def __init__(self, status: int, body: str) -> None:
-        super().__init__(f"POST /v1/completions returned HTTP {status}: {body[:1000]}")
-        self.status = status
-        self.body = body
 
 
 def free_port() -> int:
@@ -50,15 +39,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((HOST, 0))
         return int(s.getsockname()[1])
-
-
-def log_tail(path: str | Path | None, lines: int = 40) -> str:
-    """The last ``lines`` lines of a log file ('' if there is none)."""
-    if path is None:
-        return ""
-    from autotune.trial.runner import tail
-
-    return tail(Path(path), lines)
 
 
 def wait_healthy(

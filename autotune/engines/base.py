@@ -1,24 +1,40 @@
 """The Engine contract the trial runner needs, and the lazy registry of engines.
 
 Lifecycle of an engine in a trial worker: ``create -> start -> (generate | measure |
-logprobs)* -> stop``. The class-level methods (``knobs``, ``default_params``,
-``resources``, ``check``, ``export``) are pure and run in the driver, so an engine module
-must import its heavy library (llama_cpp, vllm, exllamav2) only inside ``start``.
-Instances live only in the trial subprocess and are never pickled.
+logprobs)* -> memory -> stop``; ``stop`` runs whatever happened before and must leave no
+process, port or device memory behind. The class-level hooks (``knobs_for``,
+``default_params``, ``validate_settings``, ``resources``, ``check``, ``predict``,
+``export``, ``describe_launch``) are pure and run in the driver, so an engine module must
+import its heavy library (llama_cpp, vllm, exllamav2) only inside ``start``. Instances live
+only in the trial subprocess and are never pickled.
+
+Every hook has a default here; an engine overrides only what is specific to it. Its
+``settings`` are declared as a frozen dataclass (``settings_schema``) and checked by the same
+code as the other config sections (:func:`autotune._schema.build_section`); a key that is
+neither a setting nor a knob is refused with "did you mean". docs/engines.md walks through
+adding an engine; :mod:`autotune.testing.engine_contract` is the conformance suite.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-import os
 from dataclasses import dataclass
 from dataclasses import field
 from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
+from autotune._schema import build_section
 from autotune.errors import ConfigError
+from autotune.errors import Unsupported
 from autotune.errors import unknown_name
+from autotune.gpus import list_gpus
+from autotune.measure.quality import quality_metrics
+from autotune.measure.types import Generation
+from autotune.measure.workload import run_workload
+from autotune.models import validate_variants
+from autotune.predict import Prediction
 
 # name -> "module:Class"; importing autotune never imports an engine's library.
 ENGINES: dict[str, str] = {
@@ -29,6 +45,9 @@ ENGINES: dict[str, str] = {
     "vllm": "autotune.engines.vllm:VLLMEngine",
     "openai_server": "autotune.engines.openai_server:OpenAIServerEngine",
 }
+
+KNOB_TYPES = ("int", "float", "bool", "str", "list")  # the types a YAML-declared knob may have
+KNOB_KEYS = ("type", "choices", "low", "high", "doc", "spelling")
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,38 @@ class Knob:
                 return False
         return True
 
+    @classmethod
+    def parse(cls, name: str, spec: Any, path: str, default_type: str | None = None) -> Knob:
+        """A knob declared in YAML (``{type, choices, low, high, doc, spelling}``).
+
+        Used by the engines whose knobs are declared in their settings (``command``,
+        ``openai_server``); ``default_type`` is the type when ``type`` is left out.
+        """
+        if not isinstance(spec, dict):
+            raise ConfigError(path, spec, "expected {type: int|float|bool|str|list, choices, ...}")
+        for key in spec:
+            if key not in KNOB_KEYS:
+                raise unknown_name(f"{path}.{key}", key, KNOB_KEYS, "knob key")
+        kind = spec.get("type", default_type)
+        if kind not in KNOB_TYPES:
+            raise unknown_name(f"{path}.type", kind, KNOB_TYPES, "knob type")
+        choices = spec.get("choices")
+        if choices is not None and (not isinstance(choices, list) or not choices):
+            raise ConfigError(f"{path}.choices", choices, "expected a non-empty list")
+        for key in ("low", "high"):
+            v = spec.get(key)
+            if v is not None and (kind not in ("int", "float") or not _is_number(v)):
+                raise ConfigError(f"{path}.{key}", v, "low/high are numbers, for int and float knobs")
+        for i, c in enumerate(choices or []):
+            if not cls(kind).accepts(c):
+                raise ConfigError(f"{path}.choices[{i}]", c, f"a {kind} knob's choices are {kind}s")
+        return cls(kind, tuple(choices) if choices else None, spec.get("low"), spec.get("high"),
+                   spelling=str(spec.get("spelling", name)), doc=str(spec.get("doc", "")))
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -85,30 +136,12 @@ class Resources:
     custom: dict[str, float] = field(default_factory=dict)
 
 
-@dataclass
-class Generation:
-    """One request's timing, from the engine's own token counts.
+@dataclass(frozen=True)
+class EngineSettings:
+    """Settings every engine accepts; an engine's schema subclasses this one."""
 
-    ``chunk_times`` are seconds since submit at which output arrived; ``output_tokens``
-    is the engine's count (a chunk may hold several tokens under speculative decoding).
-    """
-
-    prompt_tokens: int
-    output_tokens: int
-    chunk_times: list[float]
-    e2e_s: float
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    drafted: int = 0
-    accepted: int = 0
-
-
-class Unsupported(RuntimeError):
-    """An optional capability the engine does not have (e.g. full logits for quality)."""
-
-
-class InfeasibleConfig(Exception):
-    """Raised by an engine when the trial's parameters cannot run (recorded as infeasible)."""
+    gpus: list = field(default_factory=list)  # the GPUs planned for: [{name, memory_gb}]
+    memory_bandwidth_gbps: float | None = None  # RAM bandwidth for predict (autotune/predict.py)
 
 
 class Engine:
@@ -116,8 +149,11 @@ class Engine:
 
     name: ClassVar[str] = ""
     knobs: ClassVar[dict[str, Knob]] = {}
-    uses_variants: ClassVar[bool] = True  # the space's ``model`` knob picks engine.variants
+    settings_schema: ClassVar[type] = EngineSettings
+    uses_variants: ClassVar[bool] = True  # engine.variants are checked by models.validate_variants
     supports_quality: ClassVar[bool] = True  # logprobs() gives full next-token distributions
+    quality_hint: ClassVar[str] = ""  # added to the error when quality is on but unsupported
+    max_concurrency: ClassVar[int | None] = None  # requests served at once (None: no limit)
 
     # ---- driver side: pure -------------------------------------------------------
     @classmethod
@@ -131,13 +167,43 @@ class Engine:
         return cls.knobs
 
     @classmethod
+    def implicit_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
+        """What a trial runs with for knobs it does not set (default: :meth:`default_params`)."""
+        return cls.default_params(settings, variants)
+
+    @classmethod
+    def fixed_params(cls, settings: dict) -> dict[str, Any]:
+        """Knobs given a fixed value under ``settings`` (keys that are knobs, not settings)."""
+        own = cls.setting_names()
+        knobs = cls.knobs_for(settings)
+        return {k: v for k, v in settings.items() if k in knobs and k not in own}
+
+    @classmethod
+    def tie_params(cls, full: dict[str, Any], params: dict, settings: dict) -> dict[str, Any]:
+        """Adjust the full parameters where one knob follows another (default: as they are)."""
+        return full
+
+    @classmethod
+    def full_params(cls, params: dict, settings: dict, variants: dict | None = None) -> dict[str, Any]:
+        """Every knob's value in a trial: implicit values, then fixed settings, then ``params``.
+
+        A parameter of None (inactive under ``when``) keeps the value below it.
+        """
+        out = {**cls.implicit_params(settings, variants or {}), **cls.fixed_params(settings)}
+        out.update({k: v for k, v in params.items() if v is not None})
+        return cls.tie_params(out, params, settings)
+
+    @classmethod
+    def setting_names(cls) -> list[str]:
+        """The keys of ``settings_schema``."""
+        return [f.name for f in dataclasses.fields(cls.settings_schema)]
+
+    @classmethod
     def preflight(cls, settings: dict) -> list[str]:
         """What this machine lacks to run the engine (e.g. the GPUs in ``settings.gpus``)."""
         wanted = settings.get("gpus") or []
         if not wanted:
             return []
-        from autotune.gpus import list_gpus
-
         have = list_gpus()
         need = ", ".join(f"{g.get('name', 'GPU')} {g.get('memory_gb', '?')} GB" for g in wanted)
         if len(have) < len(wanted):
@@ -151,7 +217,46 @@ class Engine:
 
     @classmethod
     def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        """Raise ConfigError for bad fixed settings or variants."""
+        """Raise ConfigError for bad settings or variants, before any trial starts.
+
+        Checks, in order: the engine's own structure (:meth:`validate_structure`, e.g. the
+        command engine's knob declarations), every key against ``settings_schema`` or the
+        knobs, the schema's types (:func:`autotune._schema.build_section`), fixed knob
+        values, the variants, then :meth:`validate_more`.
+        """
+        p = f"{path}.settings"
+        if not isinstance(settings, dict):
+            raise ConfigError(p, settings, "expected a mapping")
+        cls.validate_structure(settings, p)
+        own = cls.setting_names()
+        knobs = cls.knobs_for(settings)
+        for key in settings:
+            if key not in own and key not in knobs:
+                raise unknown_name(f"{p}.{key}", key, own + [k for k in knobs if k not in own],
+                                   f"setting of the {cls.name} engine")
+        build_section(cls.settings_schema, {k: v for k, v in settings.items() if k in own}, p)
+        for key, value in cls.fixed_params(settings).items():
+            if value is not None and not knobs[key].accepts(value):
+                raise ConfigError(f"{p}.{key}", value, f"knob {key} takes {knobs[key].allowed()}")
+        if cls.uses_variants and variants:
+            validate_variants(variants, f"{path}.variants")
+        cls.validate_more(settings, variants, path)
+
+    @classmethod
+    def validate_structure(cls, settings: dict, path: str) -> None:
+        """Engine checks that must run before the key check (default: none)."""
+
+    @classmethod
+    def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+        """Engine checks after the schema and variants (default: none)."""
+
+    @classmethod
+    def own_timeout_s(cls, settings: dict) -> float | None:
+        """The engine's own per-trial timeout in ``settings`` (None: it has none).
+
+        It must be below ``study.trial_timeout_s`` so the engine reports why it stopped.
+        """
+        return None
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
@@ -160,8 +265,31 @@ class Engine:
 
     @classmethod
     def check(cls, params: dict, settings: dict) -> list[str]:
-        """Reasons why ``params`` cannot run (beyond the YAML rules); [] if it can."""
+        """Reasons why ``params`` cannot run (beyond the YAML rules); [] if it can.
+
+        Every parameter must be a declared knob and every value (fixed or given) one the
+        knob allows; then the engine's own :meth:`engine_reasons`. Not overridden.
+        """
+        knobs = cls.knobs_for(settings)
+        reasons = [f"{k} is not a knob of engine {cls.name}; known: {', '.join(sorted(knobs))}"
+                   for k in params if k not in knobs]
+        given = {**cls.fixed_params(settings), **params}
+        reasons += [f"{k}={v!r} is not {knobs[k].allowed()}" for k, v in given.items()
+                    if k in knobs and v is not None and not knobs[k].accepts(v)]
+        return reasons + cls.engine_reasons(params, settings)
+
+    @classmethod
+    def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
+        """Combinations this engine refuses (e.g. a quantized V cache without flash-attn)."""
         return []
+
+    @classmethod
+    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
+        """Before launch: whether ``params`` fits and its decode upper bound (default: unknown).
+
+        See autotune/predict.py and docs/predict.md.
+        """
+        return Prediction()
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
@@ -172,6 +300,12 @@ class Engine:
     def export_warnings(cls, params: dict, settings: dict) -> list[str]:
         """What the exported files cannot reproduce of what was measured (shown in the summary)."""
         return []
+
+    @classmethod
+    def describe_launch(cls, params: dict, settings: dict, variants: dict,
+                        workload: dict | None = None) -> str:
+        """What a trial with ``params`` runs, for ``--dry-run`` ('' when nothing to show)."""
+        return ""
 
     # ---- worker side -------------------------------------------------------------
     def __init__(self, settings: dict, variants: dict, params: dict, workdir: Path) -> None:
@@ -194,14 +328,10 @@ class Engine:
 
     def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
         """Run the workload; returns (metrics, raw samples). Default: the shared timing loop."""
-        from autotune.measure.workload import run_workload
-
         return run_workload(self, workload)
 
     def quality(self, quality: dict) -> dict[str, float]:
         """Quality metrics vs the study's reference. Default: from :meth:`logprobs`."""
-        from autotune.measure.quality import quality_metrics
-
         return quality_metrics(self, quality)
 
     def memory(self) -> dict[str, float]:
@@ -209,7 +339,7 @@ class Engine:
         return {}
 
     def stop(self) -> None:
-        """Release everything start() acquired."""
+        """Release everything start() acquired; safe to call after a failed or no start."""
 
 
 def get_engine_class(kind: str, path: str = "engine.kind") -> type[Engine]:
@@ -222,11 +352,3 @@ def get_engine_class(kind: str, path: str = "engine.kind") -> type[Engine]:
         return getattr(importlib.import_module(module), cls)
     except ImportError as e:
         raise ConfigError(path, kind, f"engine module {module} cannot be imported: {e}") from e
-
-
-def cpu_count() -> int:
-    """CPUs this process may use (affinity-aware)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1

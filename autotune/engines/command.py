@@ -39,23 +39,30 @@ import json
 import math
 import os
 import resource
-import string
+import shlex
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
+from autotune._files import tail
+from autotune._files import write_atomic
+from autotune.engines._argv import render_argv
 from autotune.engines.base import Engine
+from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.errors import CommandFailed
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
+from autotune.predict import Prediction
+from autotune.predict import validate_command_predict
+from autotune.trial.spec import WorkloadSpec
 
-SETTINGS = ("argv", "knobs", "defaults", "timeout_s", "env", "cwd", "vars", "resources")
-KNOB_TYPES = ("int", "float", "bool", "str", "list")
-KNOB_KEYS = ("type", "choices", "low", "high", "doc", "spelling")
 VARIANT_KEYS = ("path", "bpw", "description")
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "custom")
 BUILTINS = {
@@ -72,59 +79,39 @@ DEFAULT_TIMEOUT_S = 120.0
 TAIL_CHARS = 600
 
 
-class CommandFailed(Exception):
-    """The command exited non-zero, printed no metrics line, or ran past its timeout."""
+__all__ = ["CommandEngine", "CommandFailed", "CommandSettings", "parse_metrics"]
 
 
-def placeholders(item: str) -> list[tuple[str, str]]:
-    """``(field, spec)`` of each ``{field:spec}`` in ``item`` (ValueError if malformed)."""
-    return [(f, s or "") for _, f, s, _ in string.Formatter().parse(item) if f is not None]
+@dataclass(frozen=True)
+class CommandSettings(EngineSettings):
+    """``engine.settings`` of the command engine (see the module docstring)."""
 
-
-def format_value(value: Any) -> str:
-    """The literal argv text of a value: ``true``/``false``, lists as ``a,b``, mappings as JSON
-    (the same rendering as the ``openai_server`` engine's templates)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(format_value(v) for v in value)
-    if isinstance(value, dict):
-        return json.dumps(value)
-    return str(value)
+    argv: list = field(default_factory=list)  # the argv template (never a shell string)
+    knobs: dict = field(default_factory=dict)  # name -> {type, choices, low, high, doc, spelling}
+    defaults: dict = field(default_factory=dict)  # the command's own defaults (trial 0)
+    timeout_s: float = DEFAULT_TIMEOUT_S  # the command is killed after this long
+    env: dict = field(default_factory=dict)  # extra environment variables
+    cwd: str | None = None  # working directory (None: where autotune started)
+    vars: dict = field(default_factory=dict)  # constants usable as {name} in argv
+    resources: dict = field(default_factory=dict)  # {num_cpus, num_gpus, custom}
+    predict: dict | None = None  # need_gb / have_gb / decode_tps_upper (autotune/predict.py)
 
 
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _knob(name: str, spec: Any, path: str) -> Knob:
-    if not isinstance(spec, dict):
-        raise ConfigError(path, spec, "expected {type: int|float|bool|str|list, choices, ...}")
-    for key in spec:
-        if key not in KNOB_KEYS:
-            raise unknown_name(f"{path}.{key}", key, KNOB_KEYS, "knob key")
-    kind = spec.get("type")
-    if kind not in KNOB_TYPES:
-        raise unknown_name(f"{path}.type", kind, KNOB_TYPES, "knob type")
-    choices = spec.get("choices")
-    if choices is not None and (not isinstance(choices, list) or not choices):
-        raise ConfigError(f"{path}.choices", choices, "expected a non-empty list")
-    for key in ("low", "high"):
-        v = spec.get(key)
-        if v is not None and (kind not in ("int", "float") or not _is_number(v)):
-            raise ConfigError(f"{path}.{key}", v, "low/high are numbers, for int and float knobs")
-    for i, c in enumerate(choices or []):
-        if not Knob(kind).accepts(c):
-            raise ConfigError(f"{path}.choices[{i}]", c, f"a {kind} knob's choices are {kind}s")
-    return Knob(kind, tuple(choices) if choices else None, spec.get("low"), spec.get("high"),
-                spelling=str(spec.get("spelling", name)), doc=str(spec.get("doc", "")))
 
 
 class CommandEngine(Engine):
     """Runs ``settings.argv`` once per trial; the command prints its own metrics as JSON."""
 
     name = "command"
+    settings_schema = CommandSettings
     supports_quality: ClassVar[bool] = False  # the command measures quality itself, if at all
+    quality_hint: ClassVar[str] = " (the command may print ppl_delta_pct itself)"
+    uses_variants: ClassVar[bool] = False  # variants are {path, bpw, description}: checked here
+    _rss_mb: float = 0.0  # peak RSS of the command, once it ran
 
     # ---- driver side: pure ----------------------------------------------------------
     @classmethod
@@ -132,7 +119,7 @@ class CommandEngine(Engine):
         knobs = settings.get("knobs") or {}
         if not isinstance(knobs, dict):
             return {}
-        return {n: _knob(n, s, f"engine.settings.knobs.{n}") for n, s in knobs.items()}
+        return {n: Knob.parse(n, s, f"engine.settings.knobs.{n}") for n, s in knobs.items()}
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
@@ -146,11 +133,12 @@ class CommandEngine(Engine):
         return sorted(names)
 
     @classmethod
-    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+    def own_timeout_s(cls, settings: dict) -> float | None:
+        return settings.get("timeout_s")
+
+    @classmethod
+    def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
         p = f"{path}.settings"
-        for key in settings:
-            if key not in SETTINGS:
-                raise unknown_name(f"{p}.{key}", key, SETTINGS, "setting of the command engine")
         knobs_raw = settings.get("knobs")
         if not isinstance(knobs_raw, dict) or not knobs_raw:
             raise ConfigError(f"{p}.knobs", knobs_raw, "expected a mapping of knob name -> "
@@ -160,9 +148,6 @@ class CommandEngine(Engine):
                 raise ConfigError(f"{p}.knobs.{name}", name, "a knob name is an identifier, not "
                                   "one of the built-in placeholders " + ", ".join(BUILTINS))
         knobs = cls.knobs_for(settings)
-        for key in ("vars", "env", "defaults", "resources"):
-            if not isinstance(settings.get(key) or {}, dict):
-                raise ConfigError(f"{p}.{key}", settings[key], "expected a mapping")
         for name, value in (settings.get("defaults") or {}).items():
             if name not in knobs:
                 raise unknown_name(f"{p}.defaults.{name}", name, knobs, "declared knob")
@@ -178,14 +163,14 @@ class CommandEngine(Engine):
         timeout = settings.get("timeout_s", DEFAULT_TIMEOUT_S)
         if not _is_number(timeout) or timeout <= 0:
             raise ConfigError(f"{p}.timeout_s", timeout, "expected a number of seconds > 0")
-        if settings.get("cwd") is not None and not isinstance(settings["cwd"], str):
-            raise ConfigError(f"{p}.cwd", settings["cwd"], "expected a directory path")
         for key, value in (settings.get("resources") or {}).items():
             if key not in RESOURCE_KEYS:
                 raise unknown_name(f"{p}.resources.{key}", key, RESOURCE_KEYS, "key")
             if key != "custom" and (not _is_number(value) or value < 0):
                 raise ConfigError(f"{p}.resources.{key}", value, "expected a number >= 0")
         cls._validate_argv(settings, variants, p)
+        validate_command_predict(settings.get("predict"), sorted(set(knobs) | set(settings.get("vars") or {})),
+                                 f"{p}.predict")
         for name, v in (variants or {}).items():
             if not isinstance(v, dict) or not all(k in VARIANT_KEYS for k in v):
                 raise ConfigError(f"{path}.variants.{name}", v,
@@ -196,24 +181,8 @@ class CommandEngine(Engine):
         argv = settings.get("argv")
         if not isinstance(argv, list) or not argv:
             raise ConfigError(f"{p}.argv", argv, 'expected a list like ["./engine", "--k", "{k}"]')
-        allowed = cls.allowed_placeholders(settings, variants)
-        for i, item in enumerate(argv):
-            group = item if isinstance(item, list) else [item]
-            if isinstance(item, list) and not item:
-                raise ConfigError(f"{p}.argv[{i}]", item, "a group is a non-empty list of strings")
-            for j, part in enumerate(group):
-                ip = f"{p}.argv[{i}]" + (f"[{j}]" if isinstance(item, list) else "")
-                if not isinstance(part, str) and not _is_number(part):
-                    raise ConfigError(ip, part, "expected a string (or a group: a list of them)")
-                try:
-                    fields = placeholders(str(part))
-                except ValueError as e:
-                    raise ConfigError(ip, part, f"malformed placeholder ({e}); write {{{{ for a "
-                                      "brace") from None
-                for field, _spec in fields:
-                    if field not in allowed:
-                        raise unknown_name(ip, f"{{{field}}}", [f"{{{a}}}" for a in allowed],
-                                           "placeholder")
+        render_argv(argv, dict.fromkeys(cls.allowed_placeholders(settings, variants)),
+                    f"{p}.argv")
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
@@ -225,15 +194,17 @@ class CommandEngine(Engine):
         )
 
     @classmethod
+    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
+        """The user's ``settings.predict`` expressions over the knobs (docs/predict.md)."""
+        from autotune.predict import predict_command
+
+        return predict_command(params, settings)
+
+    @classmethod
     def resolve(cls, params: dict, settings: dict) -> dict[str, Any]:
         """Every declared knob's value for this trial: the trial's parameter, else the default."""
-        defaults = settings.get("defaults") or {}
-        out = {}
-        for name in settings.get("knobs") or {}:
-            value = params.get(name, defaults.get(name))
-            if value is not None:
-                out[name] = value
-        return out
+        full = cls.full_params(params, settings)
+        return {k: full[k] for k in settings.get("knobs") or {} if full.get(k) is not None}
 
     @staticmethod
     def _builtins(workdir: str, workload: dict) -> dict[str, Any]:
@@ -247,34 +218,18 @@ class CommandEngine(Engine):
     @classmethod
     def build_argv(cls, params: dict, settings: dict, variants: dict, extra: dict) -> list[str]:
         """The argv for ``params`` (pure; ``extra`` holds the built-in placeholders)."""
-        values = {**(settings.get("vars") or {}), **extra, **cls.resolve(params, settings)}
+        values = {**dict.fromkeys(settings.get("knobs") or {}), "model_path": None,
+                  **(settings.get("vars") or {}), **extra, **cls.resolve(params, settings)}
         model = values.get("model")
         if variants and model in variants and "path" in variants[model]:
             values["model_path"] = variants[model]["path"]
-        argv: list[str] = []
-        for item in settings["argv"]:
-            group = item if isinstance(item, list) else [item]
-            names = {f for part in group for f, _ in placeholders(str(part))}
-            if any(values.get(n) is None for n in names):
-                continue  # a knob without a value: leave the item (or group) out
-            for part in group:
-                argv.append(
-                    "".join(
-                        lit + (format(values[f], s) if s else format_value(values[f]))
-                        if f is not None
-                        else lit
-                        for lit, f, s, _ in string.Formatter().parse(str(part))
-                    )
-                )
-        return argv
+        return render_argv(settings["argv"], values)
 
     @classmethod
     def describe_launch(
         cls, params: dict, settings: dict, variants: dict, workload: dict | None = None
     ) -> str:
         """The command line a trial with ``params`` runs (for --dry-run)."""
-        import shlex
-
         argv = cls.build_argv(
             params, settings, variants, cls._builtins("TRIAL_DIR", workload or {})
         )
@@ -284,8 +239,6 @@ class CommandEngine(Engine):
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
         """``command.json``: the winner's argv and environment, ready to run."""
-        from autotune.trial.spec import write_atomic
-
         argv = cls.build_argv(params, settings, variants, cls._builtins(".", {}))
         path = Path(out_dir) / "command.json"
         write_atomic(
@@ -310,8 +263,10 @@ class CommandEngine(Engine):
         """Nothing to load: the command starts in :meth:`measure`."""
         self._rss_mb = 0.0
 
-    def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
+    def measure(self, workload: WorkloadSpec | dict) -> tuple[dict[str, float], dict]:
         """Run the command once and parse its metrics line; raise CommandFailed otherwise."""
+        if isinstance(workload, WorkloadSpec):
+            workload = workload.to_dict()
         argv = self.build_argv(
             self.params, self.settings, self.variants, self._builtins(str(self.workdir), workload)
         )
@@ -367,7 +322,7 @@ class CommandEngine(Engine):
 
     def memory(self) -> dict[str, float]:
         """Peak RSS of the command (the largest child this worker waited for)."""
-        return {"peak_rss_mb": self._rss_mb} if getattr(self, "_rss_mb", 0.0) else {}
+        return {"peak_rss_mb": self._rss_mb} if self._rss_mb else {}
 
 
 def parse_metrics(stdout: str) -> dict | None:
@@ -385,8 +340,4 @@ def parse_metrics(stdout: str) -> dict | None:
 
 
 def _tail(path: Path) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return " | ".join(text.strip().splitlines())[-TAIL_CHARS:]
+    return tail(path, sep=" | ")[-TAIL_CHARS:]

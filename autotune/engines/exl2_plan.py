@@ -20,6 +20,12 @@ CACHE_CLASSES = {"FP16": "ExLlamaV2Cache", "Q8": "ExLlamaV2Cache_Q8", "Q6": "ExL
 PAGE = 256  # PAGED_PAGE_SIZE: cache sizes and chunk sizes are multiples of it
 MAX_Q_SIZE = 8  # generator default; num_draft_tokens <= max_q_size
 TABBY_DRAFT_K = 4  # TabbyAPI's exllamav2 backend never passes num_draft_tokens
+CUDA_CONTEXT_GIB = 0.5  # left free per GPU by a manual split (CUDA context, scratch)
+# Messages of load/generator failures that mean "this configuration does not fit" (v0.3.2):
+# model.py::load_autosplit_gen "Insufficient VRAM for model and cache", model.py::set_device_map
+# "Insufficient space in device allocation", torch's "CUDA out of memory".
+OOM_MARKERS = ("Insufficient VRAM for model and cache", "Insufficient space in device allocation",
+               "CUDA out of memory", "out of memory")
 
 
 def round_up(n: int, step: int = PAGE) -> int:
@@ -47,32 +53,94 @@ def gpus_of(settings: dict) -> list[dict]:
     return list(settings.get("gpus") or [])
 
 
-def split_reasons(split: list[float], gpus: list[dict]) -> list[str]:
-    """Why a manual split cannot fit the planned GPUs ([] if it fits)."""
+def split_reasons(split: list[float], gpus: list[dict], reserve_gb: float = CUDA_CONTEXT_GIB) -> list[str]:
+    """Why a manual split (GiB per GPU, in CUDA order) cannot fit the planned GPUs ([] if it fits).
+
+    The one GPU-split check of autotune. ``gpus`` are ``{name, memory_gb}`` (GiB, as on the
+    card's box and in nvidia-smi; see :mod:`autotune.gpus`); ``split`` is exllamav2's
+    ``gpu_split``, which is GiB too (``model.py::set_device_map``: ``a * 1024**3``).
+    ``reserve_gb`` is left free on each GPU for the CUDA context.
+    """
     if not gpus:
         return []
+    reasons = []
     if len(split) > len(gpus):
-        return [f"gpu_split {split} names {len(split)} GPUs; the plan has {len(gpus)}"]
-    return [f"gpu_split puts {gb:g} GB on GPU {i} ({gpus[i].get('name', '?')}), "
-            f"which has {gpus[i]['memory_gb']:g} GB"
-            for i, gb in enumerate(split) if gb > float(gpus[i]["memory_gb"])]
+        reasons.append(f"gpu_split {split} names {len(split)} GPUs; the plan has {len(gpus)}")
+    for i, (want, dev) in enumerate(zip(split, gpus, strict=False)):
+        have = float(dev.get("memory_gb", math.inf)) - reserve_gb
+        if want > have:
+            reasons.append(f"GPU {i} ({dev.get('name', 'GPU')}, {dev.get('memory_gb'):g} GB): gpu_split "
+                           f"puts {want:g} GiB on it, at most {have:g} usable")
+    return reasons
 
 
-def load_plan(params: dict, settings: dict) -> dict[str, Any]:
-    """How the worker loads the model: a plain dict (what the exllamav2 calls receive)."""
+def clamp_chunk(chunk_size: int, max_seq_len: int) -> int:
+    """TabbyAPI's chunk size rule: within [256, max_seq_len], rounded up to a multiple of 256.
+
+    (TABBY-exl2 backends/exllamav2/model.py: ``sorted((256, chunk, max_seq_len))[1]`` then
+    rounded up; exllamav2's ``load_autosplit_gen`` also caps ``max_input_len`` at ``max_seq_len``.)
+    """
+    return round_up(sorted((PAGE, int(chunk_size), int(max_seq_len)))[1])
+
+
+def reserve_vram(reserve_mb: float, n_devices: int) -> list[int]:
+    """``reserve_vram`` for ``load_autosplit``: one entry per visible device (bytes).
+
+    ``load_autosplit_gen`` indexes the list by device ordinal up to ``torch.cuda.device_count()``,
+    so a shorter list raises IndexError when autosplit moves on to a further GPU. As TabbyAPI,
+    GPU 0 gets the reserve and the others 0.
+    """
+    return [int(math.ceil(reserve_mb * 1024**2))] + [0] * max(n_devices - 1, 0)
+
+
+def choose_paged(requested: bool | None, paged_attn: bool, min_compute_capability: int | None) -> tuple[bool, str]:
+    """Paged (batched) or non-paged generator mode, and why.
+
+    exllamav2's ``ExLlamaV2DynamicGenerator(paged=True)`` calls ``attn.assert_paged_attn()``,
+    which needs flash-attn >= 2.5.7; flash-attn needs compute capability >= 8. TabbyAPI falls back
+    to ``paged=False, max_batch_size=1`` when it is missing (backends/exllamav2/model.py,
+    ``hardware_supports_flash_attn``). ``requested`` None = auto; True fails if unsupported.
+    """
+    ok = paged_attn and (min_compute_capability is None or min_compute_capability >= 8)
+    why = "" if ok else ("flash-attn >= 2.5.7 is not installed" if not paged_attn
+                         else f"a GPU has compute capability {min_compute_capability} < 8")
+    if requested is None:
+        return (True, "paged: flash-attn available") if ok else (False, f"non-paged: {why}")
+    if requested and not ok:
+        raise ValueError(f"paged=true needs paged attention, but {why}")
+    return bool(requested), "paged" if requested else "non-paged (asked for)"
+
+
+def failure_reason(exc: BaseException) -> str | None:
+    """Why a load/generator error means an infeasible configuration; None for a real failure."""
+    name, text = type(exc).__name__, str(exc)
+    if name == "OutOfMemoryError" or any(m.lower() in text.lower() for m in OOM_MARKERS):
+        return f"out of GPU memory: {name}: {text}"
+    if isinstance(exc, (AssertionError, ValueError)):  # exllamav2 validates with assert
+        return f"exllamav2 refused the configuration: {name}: {text}"
+    return None
+
+
+def load_plan(params: dict, settings: dict, paged: bool = True) -> dict[str, Any]:
+    """How the worker loads the model: a plain dict (what the exllamav2 calls receive).
+
+    ``paged`` False is the non-paged mode: batch size 1 and a cache of ``max_seq_len``.
+    ``reserve_vram`` has one entry per planned GPU; the worker re-pads it to the visible count.
+    """
     mode, split = parse_split(params.get("gpu_split"))
     n_gpus = max(len(gpus_of(settings)), 1)
     max_seq_len = int(params["max_seq_len"])
-    chunk = int(params["chunk_size"])
-    cache_size = round_up(max(int(params.get("cache_size") or 0), max_seq_len))
+    chunk = clamp_chunk(int(params["chunk_size"]), max_seq_len)
+    cache_size = round_up(max(int(params.get("cache_size") or 0), max_seq_len) if paged else max_seq_len)
     draft = params.get("draft_model") or "none"
-    reserve = [int(params.get("autosplit_reserve_mb", 96)) * 1024**2] + [0] * (n_gpus - 1)
-    return {
+    reserve = reserve_vram(float(params.get("autosplit_reserve_mb", 96)), n_gpus)
+    batch = params.get("max_batch_size") if paged else 1
+    return {"paged": paged,
         "mode": mode, "gpu_split": split, "reserve_vram": reserve, "cache_class": CACHE_CLASSES[params["cache_mode"]],
         "cache_size": cache_size, "max_seq_len": max_seq_len, "max_input_len": chunk,
         "max_attention_size": chunk**2, "no_graphs": mode == "tp",
-        "generator": {"max_batch_size": params.get("max_batch_size"), "max_chunk_size": chunk,
-                      "max_seq_len": max_seq_len,
+        "generator": {"max_batch_size": batch, "max_chunk_size": chunk, "max_seq_len": max_seq_len,
+                      "paged": paged,
                       "num_draft_tokens": int(params["num_draft_tokens"]) if draft != "none" else 4},
         "draft": None if draft == "none" else {
             "variant": draft, "cache_class": CACHE_CLASSES[params.get("draft_cache_mode", "FP16")],
@@ -156,11 +224,15 @@ def tabby_config(params: dict, settings: dict, variants: dict) -> dict:
             "gpu_split_auto": mode == "auto", "gpu_split": split,
             "autosplit_reserve": [int(params.get("autosplit_reserve_mb", 96))],
             "chunk_size": plan["max_input_len"], "max_batch_size": params.get("max_batch_size"),
+            # exllamav2 keeps config.scale_alpha_value = 1.0; TabbyAPI's default "auto" would
+            # raise it when max_seq_len exceeds the model's max_position_embeddings.
+            "rope_alpha": 1.0,
         },
         "draft_model": {
             "draft_model_dir": d_dir, "draft_model_name": d_name,
             "draft_cache_mode": params.get("draft_cache_mode", "FP16"), "draft_gpu_split": [],
             "draft_num_tokens": plan["generator"]["num_draft_tokens"] if draft else None,
+            "draft_rope_alpha": 1.0 if draft else None,
         },
     }
 

@@ -11,7 +11,10 @@ load, seconds), ``gpu_memory_gb`` (per GPU; infeasible if it exceeds a device in
 ``settings.gpus``), ``resource`` (a custom Ray resource name the trial needs one unit of,
 e.g. ``gpu_5090``) and the fault knobs ``hang`` (sleep forever: the runner's timeout kills
 the group), ``oom`` (MemoryError), ``crash`` (``os._exit(1)`` at the first request, after
-the load) and ``nan`` (decode speed reported as NaN). Precedence: hang, oom, crash, nan.
+the load), ``nan`` (decode speed reported as NaN), ``garbage`` (answers without token
+timings: the objective metrics are missing) and ``stubborn`` (starts a child that ignores
+SIGTERM, so only the runner's SIGKILL of the group ends it). Precedence: hang, oom,
+crash, garbage, nan.
 
 Settings: ``gpus`` (list of ``{name, memory_gb}``: the fake devices, indexed like
 ``CUDA_VISIBLE_DEVICES``), ``resources`` (custom Ray resources every trial needs),
@@ -23,21 +26,30 @@ every trial). ``logprobs`` is unsupported: configs using this engine disable qua
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import platform
+import subprocess
+import sys
+import threading
 import time
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
 from autotune.engines.base import Engine
-from autotune.engines.base import Generation
-from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
-from autotune.engines.base import Unsupported
 from autotune.errors import ConfigError
+from autotune.errors import InfeasibleConfig
+from autotune.errors import RequestRejected
+from autotune.errors import Unsupported
+from autotune.measure.types import Generation
+from autotune.predict import Prediction
 
 RECORD_FILE = "records.jsonl"
 CHUNK_TOKENS = 4
@@ -74,12 +86,22 @@ def read_records(record_dir: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@dataclass(frozen=True)
+class FakeSettings(EngineSettings):
+    """``engine.settings`` of the fake engine (``gpus``: the fake devices)."""
+
+    resources: dict = field(default_factory=dict)  # custom Ray resources every trial needs
+    share_gpus: bool = False  # allow fractional ``gpus``
+    record_dir: str | None = None  # append start/end JSON lines to record_dir/records.jsonl
+
+
 class FakeEngine(Engine):
     """Sleeps like a GPU engine would compute; see the module docstring for knobs/settings."""
 
     name = "fake"
+    settings_schema = FakeSettings
     supports_quality = False  # no logits
-    uses_variants = False
+    uses_variants = False  # no model files
     knobs = {
         "x": Knob("float", low=0.0, high=1.0, doc="first tuning knob (speed peaks at 0.7)"),
         "y": Knob("float", low=0.0, high=1.0, doc="second tuning knob (speed peaks at 0.3)"),
@@ -92,6 +114,12 @@ class FakeEngine(Engine):
         "hang": Knob("bool", doc="sleep forever in start()"),
         "oom": Knob("bool", doc="raise MemoryError in start()"),
         "nan": Knob("bool", doc="report NaN decode speed"),
+        "garbage": Knob("bool", doc="answer with garbage: no token timings, undecodable text"),
+        "stubborn": Knob("bool", doc="start a child process that ignores SIGTERM"),
+        # serving limits (a known saturation point for the load search), 0 = off
+        "max_batch": Knob("int", low=0, high=4096, doc="requests served at once; more wait in a queue"),
+        "reject_over": Knob("int", low=0, high=4096, doc="HTTP 429 when more than this many are in flight"),
+        "oom_over": Knob("int", low=0, high=4096, doc="MemoryError when more than this many are in flight"),
     }
 
     # ---- driver side -----------------------------------------------------------------
@@ -99,13 +127,12 @@ class FakeEngine(Engine):
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
         return {"x": 0.5, "y": 0.5, "gpus": 1, "cpus": 1, "duration_s": 0.0,
                 "gpu_memory_gb": 0.0, "resource": "", "crash": False, "hang": False,
-                "oom": False, "nan": False}
+                "oom": False, "nan": False, "garbage": False, "stubborn": False,
+                "max_batch": 0, "reject_over": 0, "oom_over": 0}
 
     @classmethod
-    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+    def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
         gpus = settings.get("gpus") or []
-        if not isinstance(gpus, list):
-            raise ConfigError(f"{path}.settings.gpus", gpus, "expected a list of {name, memory_gb}")
         for i, g in enumerate(gpus):
             if not isinstance(g, dict) or not isinstance(g.get("memory_gb", 0), (int, float)):
                 raise ConfigError(f"{path}.settings.gpus[{i}]", g, "expected {name, memory_gb}")
@@ -119,13 +146,6 @@ class FakeEngine(Engine):
         return []
 
     @classmethod
-    def full_params(cls, params: dict, settings: dict) -> dict[str, Any]:
-        # settings.gpus is the device list, not the knob; other knobs may be fixed in settings
-        fixed = {k: v for k, v in settings.items() if k in cls.knobs and k != "gpus"}
-        return {**cls.default_params(settings, {}), **fixed,
-                **{k: v for k, v in params.items() if v is not None}}
-
-    @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
         p = cls.full_params(params, settings)
         custom = {str(k): float(v) for k, v in (settings.get("resources") or {}).items()}
@@ -134,7 +154,15 @@ class FakeEngine(Engine):
         return Resources(num_cpus=float(p["cpus"]), num_gpus=float(p["gpus"]), custom=custom)
 
     @classmethod
-    def check(cls, params: dict, settings: dict) -> list[str]:
+    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
+        """gpu_memory_gb on the fake GPUs (engine.settings.gpus)."""
+        from autotune.predict import predict_fake
+
+        return predict_fake(cls.full_params(params, settings), settings)
+
+    @classmethod
+    def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
+        # settings.gpus is the device list (a setting), not the knob gpus
         p = cls.full_params(params, settings)
         reasons = []
         gpus = float(p["gpus"])
@@ -189,17 +217,41 @@ class FakeEngine(Engine):
                 raise InfeasibleConfig(
                     f"needs {mem:g} GB per GPU; GPU {i} ({devices[i].get('name', 'GPU')}) "
                     f"has {devices[i]['memory_gb']} GB")
+        if self._p("stubborn"):  # stays in the trial's process group; only SIGKILL stops it
+            code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
+            child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
+            self._record("child", child_pid=child.pid)
         time.sleep(float(self._p("duration_s")))
         self.requests = 0
+        self._slots = threading.BoundedSemaphore(self._p("max_batch")) if self._p("max_batch") else None
+        self._in_flight = 0
+        self._flight_lock = threading.Lock()
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
         if self._p("crash"):
             self._record("crash")
             os._exit(1)
         self.requests += 1
+        if self._p("garbage"):
+            return Generation(0, 0, [], 0.0, text="\ufffd\x00garbage")
+        t0 = time.perf_counter()  # a request waiting for a batch slot waits in its TTFT
+        with self._flight_lock:
+            self._in_flight += 1
+            busy = self._in_flight
+        try:
+            if self._p("reject_over") and busy > self._p("reject_over"):
+                raise RequestRejected(429, f"fake engine: {busy} requests in flight")
+            if self._p("oom_over") and busy > self._p("oom_over"):
+                raise MemoryError(f"fake engine: out of memory with {busy} requests in flight")
+            with self._slots or contextlib.nullcontext():
+                return self._serve(prompt, max_tokens, t0)
+        finally:
+            with self._flight_lock:
+                self._in_flight -= 1
+
+    def _serve(self, prompt: str, max_tokens: int, t0: float) -> Generation:
         prompt_tokens = len(prompt.split())
         speed = model_speed(float(self._p("x")), float(self._p("y")), float(self._p("gpus")))
-        t0 = time.perf_counter()
         time.sleep(model_ttft_s(float(self._p("x")), prompt_tokens))
         chunks = [time.perf_counter() - t0]
         done = 1

@@ -16,23 +16,32 @@ model + KV memory is estimated from the GGUF header (``mem_estimate_mb``); with
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
+from autotune._files import write_atomic
 from autotune.engines.base import Engine
-from autotune.engines.base import Generation
-from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
-from autotune.engines.base import cpu_count
+from autotune.engines.llamacpp_gpu import fa_pair_reasons
+from autotune.engines.llamacpp_gpu import visible_count
+from autotune.engines.llamacpp_gpu import visible_split
+from autotune.errors import InfeasibleConfig
+from autotune.gpus import VramSampler
+from autotune.gpus import cpu_count
+from autotune.gpus import pci_bus_order_env
 from autotune.measure.memory import estimate_llamacpp_mb
 from autotune.measure.memory import peak_rss_mb
+from autotune.measure.types import Generation
 from autotune.models import resolve_variant
 from autotune.models import validate_variants
-from autotune.trial.spec import write_atomic
+from autotune.predict import Prediction
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 UNQUANTIZED_KV = ("f32", "f16")
@@ -40,10 +49,23 @@ SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
 GPU_KNOBS = ("n_gpu_layers", "split_mode", "tensor_split", "main_gpu")
 
 
+@dataclass(frozen=True)
+class LlamaCppSettings(EngineSettings):
+    """``engine.settings`` of llama.cpp; any knob may also be fixed here (``n_ctx: 2048``)."""
+
+    default_variant: str | None = None  # the baseline's model (default: the first variant)
+    seed: int = 0  # Llama(seed=...)
+    verbose: bool = False  # llama.cpp's own log (shows why a context cannot be created)
+    port: int = 8080  # the port written into llama-server.sh
+    cache_hint: str | None = None  # where made variants live, for the export's note
+    cuda_fa_all_quants: bool = False  # the build has every quantized-KV flash-attn kernel (docs/gpu.md)
+
+
 class LlamaCppEngine(Engine):
     """llama-cpp-python ``Llama``; one model instance per trial, greedy decoding."""
 
     name = "llamacpp"
+    settings_schema = LlamaCppSettings
     max_concurrency: ClassVar[int] = 1  # one in-process Llama: no batching of requests
     knobs = {
         "model": Knob("str", doc="model variant name (engine.variants)"),
@@ -66,39 +88,37 @@ class LlamaCppEngine(Engine):
         "draft_k": Knob("int", low=1, high=64, spelling="LlamaPromptLookupDecoding(num_pred_tokens)"),
         "draft_ngram": Knob("int", low=1, high=16, spelling="LlamaPromptLookupDecoding(max_ngram_size)"),
         "logits_all": Knob("bool", spelling="logits_all"),
+        "prefix_cache": Knob("bool", doc="reuse the KV of the previous request's common prefix "
+                             "(multi-turn chats; llama-server's prompt cache)"),
     }
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
         n = cpu_count()
         return {
-            "model": settings.get("default_variant") or next(iter(variants)),
+            "model": settings.get("default_variant") or next(iter(variants), None),
             "n_threads": max(n // 2, 1), "n_threads_batch": n, "n_batch": 512, "n_ubatch": 512,
             "n_ctx": 512, "flash_attn": False, "type_k": "f16", "type_v": "f16",
             "use_mmap": True, "use_mlock": False, "offload_kqv": True, "n_gpu_layers": 0,
             "split_mode": "layer", "tensor_split": None, "main_gpu": 0, "draft": "none",
-            "draft_k": 10, "draft_ngram": 2, "logits_all": False,
+            "draft_k": 10, "draft_ngram": 2, "logits_all": False, "prefix_cache": False,
         }
 
     @classmethod
-    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        validate_variants(variants, f"{path}.variants")
+    def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+        if not variants:
+            validate_variants(variants, f"{path}.variants")  # llama.cpp needs a model
 
     @classmethod
-    def full_params(cls, params: dict, settings: dict, variants: dict) -> dict[str, Any]:
-        """Engine defaults overlaid with fixed settings and the trial's parameters."""
-        fixed = {k: v for k, v in settings.items() if k in cls.knobs}
-        out = {**cls.default_params(settings, variants), **fixed}
-        out.update({k: v for k, v in params.items() if v is not None})
-        if "n_threads_batch" not in params and "n_threads_batch" not in fixed and "n_threads" in params:
-            out["n_threads_batch"] = out["n_threads"]
-        return out
+    def tie_params(cls, full: dict[str, Any], params: dict, settings: dict) -> dict[str, Any]:
+        """``n_threads_batch`` follows a searched ``n_threads`` unless it is set itself."""
+        if "n_threads_batch" not in params and "n_threads_batch" not in settings and "n_threads" in params:
+            full["n_threads_batch"] = full["n_threads"]
+        return full
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
-        p = {**cls.default_params(settings, {"_": {}}), **params}
-        if "n_threads_batch" not in params and "n_threads" in params:
-            p["n_threads_batch"] = p["n_threads"]
+        p = cls.full_params(params, settings)
         gpus = 0.0
         if p.get("n_gpu_layers"):
             split = p.get("tensor_split")
@@ -106,14 +126,21 @@ class LlamaCppEngine(Engine):
         return Resources(num_cpus=float(max(p["n_threads"], p["n_threads_batch"])), num_gpus=gpus)
 
     @classmethod
-    def check(cls, params: dict, settings: dict) -> list[str]:
-        p = {**cls.default_params(settings, {"_": {}}), **settings, **params}
+    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
+        """RAM / VRAM per GPU from the GGUF header, and the decode bound (autotune.predict)."""
+        from autotune.predict_engines import predict_llamacpp
+
+        return predict_llamacpp(cls.full_params(params, settings, variants), settings, variants)
+
+    @classmethod
+    def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
+        p = cls.full_params(params, settings)
         reasons = []
         if p.get("type_v") not in UNQUANTIZED_KV and not p.get("flash_attn"):
             reasons.append("a quantized V cache (type_v) needs flash_attn=true in llama.cpp")
         if p.get("n_ubatch", 0) > p.get("n_batch", 0):
             reasons.append("n_ubatch must be <= n_batch (llama.cpp clamps it silently)")
-        return reasons
+        return reasons + fa_pair_reasons(p, settings)
 
     # ---- export ---------------------------------------------------------------------
     @classmethod
@@ -148,10 +175,11 @@ class LlamaCppEngine(Engine):
             argv += ["-sm", p["split_mode"], "-mg", str(p["main_gpu"])]
             if p.get("tensor_split"):
                 argv += ["-ts", ",".join(str(x) for x in p["tensor_split"])]
-        if not p["use_mmap"]:
-            argv.append("--no-mmap")
-        if p["use_mlock"]:
-            argv.append("--mlock")
+        # llama.cpp of llama-cpp-python 0.3.36 replaced --no-mmap / --mlock with --load-mode
+        mode = {(True, False): None, (False, False): "none", (True, True): "mmap+mlock",
+                (False, True): "mlock"}[(bool(p["use_mmap"]), bool(p["use_mlock"]))]
+        if mode:
+            argv += ["-lm", mode]
         if p["draft"] == "prompt_lookup":
             argv += ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(p["draft_k"])]
         return argv + ["--host", "127.0.0.1", "--port", str(settings.get("port", 8080))]
@@ -185,6 +213,15 @@ class LlamaCppEngine(Engine):
         for reason in self.check(self.params, self.settings):
             raise InfeasibleConfig(reason)
         kw = self.llama_kwargs(self.params, self.settings, self.variants, str(self.model_path))
+        if kw["n_gpu_layers"]:
+            try:  # the trial sees its GPUs as 0..n-1 (CUDA_VISIBLE_DEVICES)
+                split, kw["main_gpu"], note = visible_split(kw.get("tensor_split"), kw["main_gpu"], visible_count())
+            except ValueError as e:
+                raise InfeasibleConfig(str(e)) from e
+            if split is not None:
+                kw["tensor_split"] = split
+            if note:
+                self.info["gpu_renumbered"] = note
         if logits_all:
             kw["logits_all"] = True
         if n_ctx:
@@ -216,10 +253,10 @@ class LlamaCppEngine(Engine):
         except Exception as e:  # noqa: BLE001 - an estimate must never fail a trial
             self.info["mem_estimate_error"] = f"{type(e).__name__}: {e}"
         if p["n_gpu_layers"]:
-            from autotune.gpus import VramSampler
-
-            self._vram = VramSampler(_visible_gpu_indices()).__enter__()
+            os.environ.update(pci_bus_order_env())  # before CUDA starts: number GPUs as NVML does
+            self._vram = VramSampler().__enter__()
         self.llm = self._load()
+        self._prefix_cache = bool(p.get("prefix_cache"))
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
         llm = self.llm
@@ -231,7 +268,8 @@ class LlamaCppEngine(Engine):
                 f"n_ctx={n_ctx} is too small for a {len(tokens)}-token prompt + "
                 f"{max_tokens} new tokens"
             )
-        llm.reset()  # n_tokens = 0: generate() then reuses no cached prefix
+        if not getattr(self, "_prefix_cache", False):
+            llm.reset()  # n_tokens = 0: generate() then reuses no cached prefix
         drafter = llm.draft_model
         if drafter is not None:
             drafter.calls = drafter.drafted = 0
@@ -316,15 +354,6 @@ class LlamaCppEngine(Engine):
         if getattr(self, "_vram", None) is not None:
             self._vram.__exit__(None, None, None)
             self._vram = None
-
-
-def _visible_gpu_indices() -> list[int] | None:
-    """NVML indices of CUDA_VISIBLE_DEVICES when it lists plain indices, else None (all)."""
-    import os
-
-    ids = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    ids = [x.strip() for x in ids if x.strip()]
-    return [int(x) for x in ids] if ids and all(x.isdigit() for x in ids) else None
 
 
 def _counting_drafter(max_ngram_size: int, num_pred_tokens: int):

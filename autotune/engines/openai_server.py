@@ -13,7 +13,10 @@ parameters the template accepts), ``health_path`` (default ``/v1/models``),
 ``startup_timeout_s`` (120), ``model_name`` (default: the first id of ``/v1/models``),
 ``env`` (extra environment, templated too), ``request`` (extra request fields),
 ``count_path`` (a token-count endpoint for servers that send no ``usage`` chunk, e.g.
-llama-cpp-python's ``/extras/tokenize/count``), ``num_cpus`` / ``num_gpus`` (resources).
+llama-cpp-python's ``/extras/tokenize/count``), ``num_cpus`` / ``num_gpus`` (resources),
+``vars`` (constants usable as placeholders); the schema is :class:`OpenAIServerSettings`.
+The template is rendered by the same code as the ``command`` engine's
+(:mod:`autotune.engines._argv`), with items that render to '' dropped.
 """
 
 from __future__ import annotations
@@ -21,64 +24,62 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import string
 import subprocess
 import sys
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+from autotune._files import write_atomic
+from autotune.engines._argv import render_argv
+from autotune.engines._argv import render_item
 from autotune.engines._openai_stream import HOST
-from autotune.engines._openai_stream import RequestRejected
 from autotune.engines._openai_stream import free_port
 from autotune.engines._openai_stream import post_json
 from autotune.engines._openai_stream import served_model
 from autotune.engines._openai_stream import stream_completion
 from autotune.engines._openai_stream import wait_healthy
 from autotune.engines.base import Engine
-from autotune.engines.base import Generation
-from autotune.engines.base import InfeasibleConfig
+from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.errors import ConfigError
-from autotune.errors import unknown_name
-from autotune.trial.spec import write_atomic
+from autotune.errors import InfeasibleConfig
+from autotune.errors import RequestRejected
+from autotune.measure.types import Generation
+from autotune.models import resolve_variant
 
-KNOB_TYPES = ("int", "float", "bool", "str", "list")
 STOP_GRACE_S = 10.0
 
 
-def render(value: Any) -> str:
-    """A parameter value as one argv item: true/false, a,b for lists, '' for None."""
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(render(v) for v in value)
-    return str(value)
+@dataclass(frozen=True)
+class ServerSettings(EngineSettings):
+    """Settings every server engine accepts (``openai_server``, ``vllm``)."""
+
+    defaults: dict = field(default_factory=dict)  # the baseline (trial 0) over the defaults
+    default_variant: str | None = None  # the baseline's model variant (default: the first)
+    python: str | None = None  # the interpreter for {python} / the server
+    env: dict = field(default_factory=dict)  # extra environment of the server
+    num_cpus: float | None = None  # Ray CPUs per trial
+    health_path: str | None = None  # polled until HTTP 200 (default: the engine's)
+    startup_timeout_s: float | None = None  # give up on a server not healthy by then
+    stop_timeout_s: float = STOP_GRACE_S  # SIGTERM, then SIGKILL after this long
+    request_timeout_s: float = 600.0  # socket timeout of one completion request
+    model_name: str | None = None  # the request's model (default: the first of /v1/models)
+    request: dict = field(default_factory=dict)  # extra fields of every completion request
+    count_path: str | None = None  # token-count endpoint for servers that send no usage
 
 
-def template_fields(item: str) -> list[str]:
-    """The placeholder names used in one template item."""
-    return [f.split(".")[0].split("[")[0] for _, f, _, _ in string.Formatter().parse(item) if f]
+@dataclass(frozen=True)
+class OpenAIServerSettings(ServerSettings):
+    """``engine.settings`` of ``openai_server`` (see the module docstring)."""
 
-
-def fill_argv(template: list[str], values: dict[str, Any], path: str = "engine.settings.argv") -> list[str]:
-    """Fill an argv template item by item (``str.format``); items rendering to '' are dropped."""
-    if not isinstance(template, (list, tuple)) or not template:
-        raise ConfigError(path, template, "expected a non-empty list of argv items (no shell string)")
-    rendered = {k: render(v) for k, v in values.items()}
-    out = []
-    for i, item in enumerate(template):
-        if not isinstance(item, (str, int, float)):
-            raise ConfigError(f"{path}[{i}]", item, "expected a string")
-        missing = [f for f in template_fields(str(item)) if f not in rendered]
-        if missing:
-            raise unknown_name(f"{path}[{i}]", missing[0], rendered, "placeholder")
-        text = str(item).format_map(rendered)
-        if text != "":
-            out.append(text)
-    return out
+    argv: list = field(default_factory=list)  # the server command, a template (no shell)
+    knobs: dict = field(default_factory=dict)  # name -> {type, choices, low, high, doc, spelling}
+    vars: dict = field(default_factory=dict)  # constants usable as {name} in argv and env
+    num_gpus: float = 0.0  # Ray GPUs per trial
+    export_port: int = 8000  # the port written into server.sh
 
 
 def knobs_from_settings(settings: dict, path: str = "engine.settings.knobs") -> dict[str, Knob]:
@@ -87,22 +88,8 @@ def knobs_from_settings(settings: dict, path: str = "engine.settings.knobs") -> 
     if not isinstance(raw, dict):
         raise ConfigError(path, raw, "expected a mapping of knob name -> {type, choices, low, high}")
     out = {"model": Knob("str", doc="model variant name (engine.variants)")}
-    for name, spec in raw.items():
-        p = f"{path}.{name}"
-        if not isinstance(spec, dict):
-            raise ConfigError(p, spec, "expected {type: int|float|bool|str|list, ...}")
-        extra = set(spec) - {"type", "choices", "low", "high", "doc", "spelling"}
-        if extra:
-            raise unknown_name(f"{p}.{sorted(extra)[0]}", sorted(extra)[0],
-                               ["type", "choices", "low", "high", "doc", "spelling"], "key")
-        kind = spec.get("type", "str")
-        if kind not in KNOB_TYPES:
-            raise unknown_name(f"{p}.type", kind, KNOB_TYPES, "knob type")
-        choices = spec.get("choices")
-        out[name] = Knob(
-            kind, tuple(choices) if choices is not None else None, spec.get("low"),
-            spec.get("high"), spec.get("spelling", ""), spec.get("doc", ""),
-        )
+    out.update({name: Knob.parse(name, spec, f"{path}.{name}", default_type="str")
+                for name, spec in raw.items()})
     return out
 
 
@@ -116,9 +103,10 @@ class OpenAIServerEngine(Engine):
     """
 
     name = "openai_server"
+    settings_schema: type = OpenAIServerSettings
     supports_quality = False  # an OpenAI server returns no full next-token distributions
     knobs: dict[str, Knob] = {"model": Knob("str", doc="model variant name (engine.variants)")}
-    uses_variants = True
+    proc: subprocess.Popen | None = None  # the server, between start and stop
     default_health_path = "/v1/models"
     default_startup_timeout_s = 120.0
 
@@ -140,42 +128,24 @@ class OpenAIServerEngine(Engine):
         return out
 
     @classmethod
-    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        knobs = cls.knobs_for(settings)
+    def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
         argv = settings.get("argv")
-        if argv is None:
+        if not argv:
             raise ConfigError(f"{path}.settings.argv", argv, "expected the server command as a list")
         values = cls._placeholder_values(cls.default_params(settings, variants), settings, 0, "", "")
-        values |= {k: "" for k in knobs}
-        fill_argv(argv, values, f"{path}.settings.argv")
-        if variants:
-            from autotune.models import validate_variants
-
-            validate_variants(variants, f"{path}.variants")
+        values |= dict.fromkeys(cls.knobs_for(settings))  # None: names checked, nothing rendered
+        render_argv(argv, values, f"{path}.settings.argv", drop_empty=True)
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
-        return Resources(num_cpus=float(settings.get("num_cpus", 1)),
+        return Resources(num_cpus=float(settings.get("num_cpus") or 1),
                          num_gpus=float(settings.get("num_gpus", 0)))
-
-    @classmethod
-    def check(cls, params: dict, settings: dict) -> list[str]:
-        """Every parameter must be a declared knob with an allowed value."""
-        knobs = cls.knobs_for(settings)
-        reasons = []
-        for name, value in params.items():
-            knob = knobs.get(name)
-            if knob is None:
-                reasons.append(f"{name} is not a knob of this server (declare it in settings.knobs)")
-            elif value is not None and not knob.accepts(value):
-                reasons.append(f"{name}={value!r} is not {knob.allowed()}")
-        return reasons
 
     @classmethod
     def _placeholder_values(cls, params: dict, settings: dict, port: int, model_path: str,
                             workdir: str) -> dict[str, Any]:
         fixed = {k: v for k, v in settings.items() if not isinstance(v, dict)}
-        return {**fixed, **params, "port": port, "host": HOST, "model_path": model_path,
+        return {**(settings.get("vars") or {}), **fixed, **params, "port": port, "host": HOST, "model_path": model_path,
                 "python": settings.get("python") or sys.executable, "workdir": workdir}
 
     @classmethod
@@ -183,7 +153,7 @@ class OpenAIServerEngine(Engine):
                     workdir: str = ".") -> list[str]:
         """The server's argv for ``params`` (no shell is ever involved)."""
         values = cls._placeholder_values(params, settings, port, model_path, workdir)
-        return fill_argv(settings.get("argv"), values)
+        return render_argv(settings.get("argv"), values, drop_empty=True)
 
     @classmethod
     def server_env(cls, params: dict, settings: dict, port: int, model_path: str,
@@ -191,12 +161,11 @@ class OpenAIServerEngine(Engine):
         """Extra environment variables for the server (templated like argv)."""
         env = settings.get("env") or {}
         values = cls._placeholder_values(params, settings, port, model_path, workdir)
-        return {k: str(v).format_map({k2: render(v2) for k2, v2 in values.items()})
-                for k, v in env.items()}
+        return {k: render_item(str(v), values) for k, v in env.items()}
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
-        p = {**cls.default_params(settings, variants), **params}
+        p = cls.full_params(params, settings, variants)
         v = variants.get(p.get("model"), {}) if variants else {}
         model_path = v.get("path") or (f"<variant {p['model']}>" if p.get("model") else "")
         port = int(settings.get("export_port", 8000))
@@ -211,16 +180,14 @@ class OpenAIServerEngine(Engine):
 
     # ---- worker side -------------------------------------------------------------
     def _model_path(self) -> str:
-        p = {**self.default_params(self.settings, self.variants), **self.params}
+        p = self.full_params(self.params, self.settings, self.variants)
         if not self.variants or not p.get("model"):
             return ""
-        from autotune.models import resolve_variant
-
         return str(resolve_variant(p["model"], self.variants))
 
     def _argv_env(self, port: int, model_path: str) -> tuple[list[str], dict[str, str]]:
         """argv and extra env of this trial's server; subclasses build their own."""
-        p = {**self.default_params(self.settings, self.variants), **self.params}
+        p = self.full_params(self.params, self.settings, self.variants)
         wd = str(self.workdir)
         return (self.server_argv(p, self.settings, port, model_path, wd),
                 self.server_env(p, self.settings, port, model_path, wd))
@@ -230,9 +197,7 @@ class OpenAIServerEngine(Engine):
         return error
 
     def start(self) -> None:
-        for reason in self.check(self.params, self.settings):
-            raise InfeasibleConfig(reason)
-        self.proc: subprocess.Popen | None = None
+        self.proc = None
         self.port = free_port()
         self.base_url = f"http://{HOST}:{self.port}"
         model_path = self._model_path()
@@ -286,7 +251,7 @@ class OpenAIServerEngine(Engine):
 
         Shared pages are counted once per process, so this is an upper bound.
         """
-        proc = getattr(self, "proc", None)
+        proc = self.proc
         if proc is None:
             return {}
         total_kb = 0
@@ -301,7 +266,7 @@ class OpenAIServerEngine(Engine):
         return {"peak_rss_mb": total_kb / 1024.0} if total_kb else {}
 
     def stop(self) -> None:
-        proc = getattr(self, "proc", None)
+        proc = self.proc
         if proc is None:
             return
         stop_server(proc, float(self.settings.get("stop_timeout_s", STOP_GRACE_S)))

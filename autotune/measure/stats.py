@@ -1,8 +1,8 @@
 """Summaries of repeated measurements: median, p95, p99, MAD, CV and a bootstrap CI.
 
 All functions are pure and deterministic (the bootstrap uses a fixed seed), so the same
-samples always give the same summary. :func:`compare_runs` ranks configurations that were
-re-measured side by side and says whether the winner's lead is within noise.
+samples always give the same summary. :func:`within_noise` says whether one set of samples'
+lead over another is established (bootstrap CI of the difference of the medians).
 
 Definitions (docs/metrics.md): percentiles use linear interpolation between order
 statistics (``numpy.percentile``); MAD is the raw median absolute deviation from the
@@ -88,36 +88,6 @@ def distribution_metrics(base: str, unit: str, samples: Sequence[float]) -> dict
     }
 
 
-def within_noise(a: Sequence[float], b: Sequence[float]) -> bool:
-    """True if the bootstrap CIs of the two medians overlap (the lead is within noise)."""
-    la, ha = bootstrap_ci(a)
-    lb, hb = bootstrap_ci(b)
-    return not (la > hb or lb > ha)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One configuration in a side-by-side re-measurement, ranked best first.
-
-    ``delta_pct`` is this configuration's median relative to the best one's (negative when
-    worse for a higher-is-better metric); ``diff_ci_low``/``diff_ci_high`` bound
-    ``median(best) - median(this)`` (bootstrap, 95%). ``within_noise_of_best`` is True when
-    that interval contains 0, i.e. the best's lead over this one is not established.
-    """
-
-    name: str
-    rank: int
-    n: int
-    median: float
-    ci_low: float
-    ci_high: float
-    cv_pct: float
-    delta_pct: float
-    diff_ci_low: float
-    diff_ci_high: float
-    within_noise_of_best: bool
-
-
 def median_diff_ci(
     a: Sequence[float], b: Sequence[float], n_boot: int = 2000, level: float = 0.95, seed: int = 0
 ) -> tuple[float, float]:
@@ -134,52 +104,9 @@ def median_diff_ci(
     return float(np.quantile(d, alpha)), float(np.quantile(d, 1 - alpha))
 
 
-def compare_runs(
-    samples_by_config: dict[str, Sequence[float]], higher_is_better: bool = True
-) -> list[Comparison]:
-    """Rank configurations measured side by side (ideally interleaved ABAB...).
-
-    Args:
-        samples_by_config: per configuration name, the per-repeat samples of one metric
-            (e.g. decode tok/s of every request over every re-measurement round).
-        higher_is_better: the metric's direction (``Metric.higher_is_better``).
-
-    Returns:
-        One :class:`Comparison` per configuration, best median first. The winner's lead
-        over the runner-up is within noise when ``result[1].within_noise_of_best``
-        (see :func:`lead_within_noise`). Configurations without finite samples rank last.
-    """
-    clean = {
-        k: [float(v) for v in vs if v is not None and np.isfinite(v)]
-        for k, vs in samples_by_config.items()
-    }
-    sums = {k: summarize(v) for k, v in clean.items()}
-    sign = 1.0 if higher_is_better else -1.0
-
-    def key(k: str) -> tuple[int, float]:
-        m = sums[k].median
-        return (0, -sign * m) if np.isfinite(m) else (1, 0.0)
-
-    order = sorted(clean, key=key)
-    best = order[0] if order else None
-    out = []
-    for rank, k in enumerate(order):
-        s = sums[k]
-        if best is None or not clean[best] or not clean[k]:
-            lo = hi = float("nan")
-            tied = False
-            delta = float("nan")
-        else:
-            lo, hi = median_diff_ci(clean[best], clean[k]) if k != best else (0.0, 0.0)
-            tied = k == best or bool(lo <= 0.0 <= hi)
-            bm = sums[best].median
-            delta = 100.0 * (s.median - bm) / abs(bm) if bm else float("nan")
-        out.append(
-            Comparison(k, rank, s.n, s.median, s.ci_low, s.ci_high, s.cv_pct, delta, lo, hi, tied)
-        )
-    return out
-
-
-def lead_within_noise(ranked: Sequence[Comparison]) -> bool:
-    """True if the winner of :func:`compare_runs` is not clearly ahead of the runner-up."""
-    return len(ranked) > 1 and ranked[1].within_noise_of_best
+def within_noise(a: Sequence[float], b: Sequence[float]) -> bool:
+    """True when the bootstrap 95% CI of ``median(a) - median(b)`` contains 0 (or a side is empty)."""
+    if len(a) == 0 or len(b) == 0:
+        return True
+    lo, hi = median_diff_ci(a, b)
+    return bool(lo <= 0.0 <= hi)

@@ -1,3 +1,3 @@
-"""Command-line helpers that are not part of a study (e.g. making a tiny test model)."""
+"""Command-line helpers that are not part of a study: a tiny test model, the prompt sets."""
 
 from __future__ import annotations

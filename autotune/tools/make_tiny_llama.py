@@ -54,8 +54,17 @@ def make_tiny_llama(
     vocab_size: int = 512,
     num_layers: int = 2,
     seed: int = 0,
+    hidden_size: int = 64,
+    intermediate_size: int = 128,
+    num_heads: int = 1,
+    dtype: str = "float32",
 ) -> Path:
-    """Write a tiny random Llama (config, safetensors, tokenizer) to ``out_dir``."""
+    """Write a tiny random Llama (config, safetensors, tokenizer) to ``out_dir``.
+
+    The tokenizer depends only on ``text_path`` and ``vocab_size``, so models made with the
+    same two share their vocabulary (a draft model for speculative decoding). ``num_heads``
+    divides ``hidden_size``; head_dim = hidden_size / num_heads.
+    """
     import torch
     from transformers import LlamaConfig
     from transformers import LlamaForCausalLM
@@ -69,13 +78,13 @@ def make_tiny_llama(
         pad_token="</s>", model_max_length=2048,
     )
     config = LlamaConfig(
-        vocab_size=raw.get_vocab_size(), hidden_size=64, intermediate_size=128,
-        num_hidden_layers=num_layers, num_attention_heads=1, num_key_value_heads=1,
-        head_dim=64, max_position_embeddings=2048, bos_token_id=raw.token_to_id("<s>"),
+        vocab_size=raw.get_vocab_size(), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+        head_dim=hidden_size // num_heads, max_position_embeddings=2048, bos_token_id=raw.token_to_id("<s>"),
         eos_token_id=raw.token_to_id("</s>"), pad_token_id=raw.token_to_id("</s>"),
-        tie_word_embeddings=False, torch_dtype="float32",
+        tie_word_embeddings=False, torch_dtype=dtype,
     )
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype)).eval()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:

@@ -5,6 +5,5 @@ from __future__ import annotations
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
-from autotune.trial.spec import write_atomic
 
-__all__ = ["TrialResult", "TrialSpec", "run_trial", "write_atomic"]
+__all__ = ["TrialResult", "TrialSpec", "run_trial"]

@@ -15,23 +15,12 @@ import sys
 import time
 from pathlib import Path
 
+from autotune._files import tail
+from autotune._files import write_atomic
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
-from autotune.trial.spec import write_atomic
 
 KILL_GRACE_S = 5.0
-
-
-def tail(path: Path, lines: int = 40) -> str:
-    """The last ``lines`` lines of a text file ('' if it does not exist)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 16384))
-            data = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    return "\n".join(data.splitlines()[-lines:])
 
 
 def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:

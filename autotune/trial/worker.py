@@ -15,11 +15,13 @@ import time
 import traceback
 from pathlib import Path
 
-from autotune.engines.base import InfeasibleConfig
+from autotune._files import write_atomic
 from autotune.engines.base import get_engine_class
+from autotune.errors import InfeasibleConfig
+from autotune.measure.quality import load_text
+from autotune.measure.quality import save_reference
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
-from autotune.trial.spec import write_atomic
 
 
 def _watchdog(timeout_s: float) -> None:
@@ -36,19 +38,19 @@ def execute(spec: TrialSpec) -> TrialResult:
     cls = get_engine_class(spec.engine)
     engine = cls(spec.settings, spec.variants, spec.params, Path(spec.workdir))
     try:
+        refused = cls.check(spec.params, spec.settings)  # the contract: never start what check refuses
+        if refused:
+            raise InfeasibleConfig("; ".join(refused))
         t0 = time.perf_counter()
         engine.start()
         load_s = time.perf_counter() - t0
         if spec.mode == "reference":
-            from autotune.measure.quality import load_text
-            from autotune.measure.quality import save_reference
-
-            tokens, logits = engine.logprobs(load_text(spec.quality["text"]), spec.quality["n_tokens"])
-            meta = save_reference(Path(spec.quality["reference_dir"]), tokens, logits)
+            tokens, logits = engine.logprobs(load_text(spec.quality.text), spec.quality.n_tokens)
+            meta = save_reference(Path(spec.quality.reference_dir), tokens, logits)
             return TrialResult(spec.number, "ok", {"ppl": meta["ppl"]}, info=engine.info)
         metrics, raw = engine.measure(spec.workload)
         metrics = {"load_s": load_s, **metrics, **engine.memory()}
-        if spec.quality.get("enabled"):
+        if spec.quality.enabled:
             metrics |= engine.quality(spec.quality)
         return TrialResult(spec.number, "ok", metrics, info={**engine.info, "samples": raw})
     except InfeasibleConfig as e:
@@ -79,4 +81,8 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # os._exit: skip interpreter teardown (llama.cpp / torch atexit hooks can hang).
     code = main()
+    if os.getpgrp() == os.getpid():  # our own group (the runner's start_new_session)
+        # The result is written: take the engine's leftovers (a child ignoring SIGTERM) with
+        # us now, so none survives if the runner dies before its own kill_group (bench/soak.py).
+        os.killpg(os.getpgrp(), signal.SIGKILL)
     os._exit(code)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.procs import process_alive
-from tests.procs import processes_with_arg
+from tests.helpers.procs import process_alive
+from tests.helpers.procs import processes_with_arg
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

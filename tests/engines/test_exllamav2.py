@@ -49,10 +49,19 @@ def test_parse_split_rejects(value) -> None:
 
 @pytest.mark.parametrize(
     ("split", "n_reasons"),
-    [([30, 22], 0), ([32, 24], 0), ([30, 26], 1), ([33, 25], 2), ([20, 20, 10], 1)],
+    [([30, 22], 0), ([31.5, 23.5], 0), ([32, 24], 2), ([30, 26], 1), ([33, 25], 2), ([20, 20, 10], 1)],
 )
 def test_split_reasons_against_the_resource_plan(split, n_reasons) -> None:
+    """gpu_split is GiB (exllamav2 model.py::set_device_map: a * 1024**3), as memory_gb; 0.5 GiB stays free."""
     assert len(split_reasons([float(x) for x in split], HYDRA["gpus"])) == n_reasons
+
+
+@pytest.mark.parametrize(("split", "ok"), [([20, 32], False), ([24, 31], False), ([23, 31], True),
+                                           ([8], True), ([10, 10, 10], False)])
+def test_split_reasons_per_device(split, ok) -> None:
+    """The cases of the former cluster.check_gpu_split, now the one GPU-split check."""
+    devices = [{"name": "RTX 4090", "memory_gb": 24}, {"name": "RTX 5090", "memory_gb": 32}]
+    assert (split_reasons(split, devices) == []) is ok
 
 
 def test_load_plan_maps_knobs_to_exllamav2_arguments() -> None:
@@ -63,7 +72,7 @@ def test_load_plan_maps_knobs_to_exllamav2_arguments() -> None:
     assert plan["cache_size"] == 5120  # rounded up to a multiple of 256
     assert (plan["max_input_len"], plan["max_attention_size"]) == (1024, 1024**2)
     assert plan["generator"] == {"max_batch_size": None, "max_chunk_size": 1024, "max_seq_len": 5000,
-                                 "num_draft_tokens": 6}
+                                 "paged": True, "num_draft_tokens": 6}
     assert plan["draft"] == {"variant": "d", "cache_class": "ExLlamaV2Cache_Q4"}
     assert plan["reserve_vram"] == [96 * 1024**2, 0]
 
@@ -76,7 +85,8 @@ def test_load_plan_tp_disables_graphs() -> None:
 @pytest.mark.parametrize(
     ("kw", "fragment"),
     [
-        ({"gpu_split": "30,26"}, "26 GB on GPU 1"),
+        ({"gpu_split": "30,26"}, "puts 26 GiB on it"),
+        ({"paged": False, "max_batch_size": 4}, "needs paged=true"),
         ({"chunk_size": 1000}, "multiple of 256"),
         ({"cache_mode": "FP8"}, "cache_mode='FP8'"),
         ({"num_draft_tokens": 9}, "num_draft_tokens=9"),

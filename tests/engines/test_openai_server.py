@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from autotune.engines._argv import render_argv
 from autotune.engines._openai_stream import ServerExited
 from autotune.engines._openai_stream import free_port
 from autotune.engines._openai_stream import iter_sse
 from autotune.engines._openai_stream import stream_completion
 from autotune.engines._openai_stream import wait_healthy
-from autotune.engines.base import get_engine_class
 from autotune.engines.openai_server import OpenAIServerEngine
-from autotune.engines.openai_server import fill_argv
 from autotune.engines.openai_server import knobs_from_settings
 from autotune.errors import ConfigError
 
@@ -47,18 +46,18 @@ LLAMA_SERVER_SETTINGS = {
         (["a b; rm -rf /"], {}, ["a b; rm -rf /"]),  # one argv item, never a shell
     ],
 )
-def test_fill_argv(template: list, values: dict, expected: list) -> None:
-    assert fill_argv(template, values) == expected
+def test_render_argv(template: list, values: dict, expected: list) -> None:
+    assert render_argv(template, values, drop_empty=True) == expected
 
 
-def test_fill_argv_unknown_placeholder_names_it() -> None:
-    with pytest.raises(ConfigError, match="n_thread.*Did you mean: n_threads"):
-        fill_argv(["--t", "{n_thread}"], {"n_threads": 2})
+def test_render_argv_unknown_placeholder_names_it() -> None:
+    with pytest.raises(ConfigError, match=r"n_thread.*Did you mean: \{n_threads\}"):
+        render_argv(["--t", "{n_thread}"], {"n_threads": 2})
 
 
-def test_fill_argv_rejects_a_shell_string() -> None:
+def test_render_argv_rejects_a_shell_string() -> None:
     with pytest.raises(ConfigError, match="list of argv items"):
-        fill_argv("python -m llama_cpp.server", {})
+        render_argv("python -m llama_cpp.server", {})
 
 
 def test_knobs_from_settings_and_check() -> None:
@@ -79,10 +78,6 @@ def test_validate_settings_checks_the_template() -> None:
     bad = {**LLAMA_SERVER_SETTINGS, "argv": [*LLAMA_SERVER_ARGV, "{nctx}"]}
     with pytest.raises(ConfigError, match="placeholder"):
         OpenAIServerEngine.validate_settings(bad, variants)
-
-
-def test_registry_resolves_openai_server() -> None:
-    assert get_engine_class("openai_server") is OpenAIServerEngine
 
 
 def test_iter_sse_pings_multiline_and_done() -> None:

@@ -12,16 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.base import InfeasibleConfig
-from autotune.engines.base import get_engine_class
 from autotune.engines.vllm import VLLMEngine
 from autotune.engines.vllm import speculative_config
+from autotune.errors import InfeasibleConfig
 
 CPU = {"device": "cpu", "python": "/venv/bin/python"}
-
-
-def test_registry_resolves_vllm() -> None:
-    assert get_engine_class("vllm") is VLLMEngine
 
 
 @pytest.mark.parametrize(
@@ -77,7 +72,7 @@ def test_server_argv_uses_the_vllm_python_and_loopback() -> None:
     assert argv[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m"]
     assert argv[-4:] == ["--host", "127.0.0.1", "--port", "9000"]
     assert VLLMEngine.env_for({**CPU, "kvcache_space_gb": 2}) == {"VLLM_CPU_KVCACHE_SPACE": "2"}
-    assert VLLMEngine.env_for({"device": "cuda"}) == {}
+    assert VLLMEngine.env_for({"device": "cuda"}) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 @pytest.mark.parametrize(
@@ -103,7 +98,7 @@ def test_check_reports_bad_values_and_combinations() -> None:
     reasons = VLLMEngine.check({"max_num_batched_tokens": 256, "enable_chunked_prefill": False},
                                {"max_model_len": 512})
     assert any("chunked prefill" in r for r in reasons)
-    assert any("not a vLLM knob" in r for r in VLLMEngine.check({"n_threads": 2}, {}))
+    assert any("n_threads is not a knob" in r for r in VLLMEngine.check({"n_threads": 2}, {}))
 
 
 def test_export_writes_vllm_serve(tmp_path: Path) -> None:
@@ -118,7 +113,7 @@ def test_export_writes_vllm_serve(tmp_path: Path) -> None:
     assert "--enable-prefix-caching" in cmd
     spec = json.loads(cmd[cmd.index("--speculative-config") + 1])
     assert spec == {"method": "draft_model", "num_speculative_tokens": 4, "model": "/models/draft"}
-    assert cmd[-4:] == ["--host", "127.0.0.1", "--port", "8000"]
+    assert cmd[-5:] == ["--host", "127.0.0.1", "--port", "8000", "$@"]  # extra args pass through
 
 
 def test_cpu_export_sets_the_kv_cache_space(tmp_path: Path) -> None:

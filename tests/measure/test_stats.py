@@ -1,4 +1,4 @@
-"""Statistics on synthetic samples: known medians, percentiles, MAD, CV, CIs, rankings."""
+"""Statistics on synthetic samples: known medians, percentiles, MAD, CV, CIs."""
 
 from __future__ import annotations
 
@@ -8,9 +8,7 @@ import numpy as np
 import pytest
 
 from autotune.measure.stats import bootstrap_ci
-from autotune.measure.stats import compare_runs
 from autotune.measure.stats import distribution_metrics
-from autotune.measure.stats import lead_within_noise
 from autotune.measure.stats import median_diff_ci
 from autotune.measure.stats import summarize
 from autotune.measure.stats import within_noise
@@ -82,38 +80,15 @@ def test_within_noise():
     assert not within_noise(a, a + 20)
 
 
-def test_compare_runs_clear_winner_higher_is_better():
-    rng = np.random.default_rng(0)
-    runs = {"base": rng.normal(77, 1, 15), "fast": rng.normal(120, 1, 15), "mid": rng.normal(85, 1, 15)}
-    ranked = compare_runs(runs, higher_is_better=True)
-    assert [r.name for r in ranked] == ["fast", "mid", "base"]
-    assert [r.rank for r in ranked] == [0, 1, 2]
-    assert ranked[0].within_noise_of_best and ranked[0].delta_pct == 0
-    assert not ranked[1].within_noise_of_best
-    assert not lead_within_noise(ranked)
-    assert ranked[2].delta_pct == pytest.approx(100 * (77 - 120) / 120, abs=2)
-    assert ranked[1].diff_ci_low > 0  # median(best) - median(mid) is surely positive
-
-
-def test_compare_runs_tie_lower_is_better():
-    rng = np.random.default_rng(1)
-    runs = {"a": rng.normal(150, 10, 10), "b": rng.normal(151, 10, 10), "c": rng.normal(300, 10, 10)}
-    ranked = compare_runs(runs, higher_is_better=False)
-    assert ranked[-1].name == "c"
-    assert {ranked[0].name, ranked[1].name} == {"a", "b"}
-    assert lead_within_noise(ranked)
-    assert ranked[1].diff_ci_low <= 0 <= ranked[1].diff_ci_high
-
-
-def test_compare_runs_deterministic_and_handles_empty():
-    runs = {"a": [1.0, 2.0, 3.0], "b": [], "c": [2.0, 3.0, 4.0]}
-    r1, r2 = compare_runs(runs), compare_runs(runs)
-    assert repr(r1) == repr(r2)
-    assert [r.name for r in r1] == ["c", "a", "b"]
-    assert r1[-1].n == 0 and not r1[-1].within_noise_of_best
-    assert not lead_within_noise(compare_runs({"only": [1.0]}))
-
-
 def test_median_diff_ci_sign():
     lo, hi = median_diff_ci([10, 11, 12, 10, 11], [1, 2, 1, 2, 1])
     assert 0 < lo <= 9.5 <= hi
+
+
+def test_within_noise_is_the_median_difference_ci():
+    # the rule the re-measurement verdict uses: the 95% CI of median(a) - median(b) contains 0
+    a, b = [10.0, 10.2, 9.9, 10.1, 10.0], [10.6, 10.8, 10.7, 10.9, 10.6]
+    lo, hi = median_diff_ci(a, b)
+    assert within_noise(a, b) == (lo <= 0 <= hi) and not within_noise(a, b)
+    assert within_noise(a, [10.1, 9.9, 10.0])
+    assert within_noise([], b) and within_noise(a, [])  # nothing to compare: not established

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from autotune.engines.base import Engine
-from autotune.engines.base import Generation
-from autotune.engines.base import InfeasibleConfig
+from autotune.errors import InfeasibleConfig
+from autotune.measure.types import Generation
 from autotune.measure.workload import check_concurrency
 from autotune.measure.workload import collect
 from autotune.measure.workload import decode_tps

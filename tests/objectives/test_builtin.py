@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.engines.base import Generation
+from autotune.measure.types import Generation
 from autotune.measure.workload import generation_metrics
 from objectives import all_metrics
 from objectives import get_metric

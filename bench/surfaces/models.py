@@ -1,0 +1,212 @@
+"""Noise-free performance models of four tuning problems from the seed documents.
+
+Each surface is a pure function ``params -> metrics`` (or :class:`SimFailure` for an OOM or
+a crash), modelled on a user's notes in ``../shared/seeds/``. ``bench/surfaces/sim.py``
+runs one as an engine command (adding log-normal timing noise) and ``bench/efficiency.py``
+enumerates the same function to know the true feasible optimum. Pure Python, so a trial's
+command starts in milliseconds.
+
+- ``exl2_70b`` (seed 003): Llama-3.1-70B EXL2 on an RTX 5090 32 GB + RTX 4090 24 GB.
+- ``streamer_70b`` (seed 001): a 70B Q6_K streamed from RAM on an RTX 3090 24 GB; a draft
+  model steals VRAM from resident layers and layer skipping lowers the draft's acceptance.
+- ``llamacpp_7b`` (seed 002): Qwen2.5-7B GGUF on an RTX 4090 with partial offload.
+- ``cpu_7b`` (seed 004): a 7B GGUF on an 8-core / 16-thread CPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+GIB = float(1 << 30)
+
+
+class SimFailure(Exception):
+    """The simulated engine fails (out of memory, context overflow): exit 1 with the text."""
+
+
+# ---- (a) 70B EXL2 on RTX 5090 + RTX 4090 (seed 003) --------------------------------------------
+EXL2_GPUS = ((32.0, 1792.0, 105.0), (24.0, 1008.0, 82.0))  # GiB, GB/s, dense TFLOPS (effective)
+EXL2_CACHE = {"FP16": 2.0, "Q8": 1.03, "Q6": 0.78, "Q4": 0.53}  # bytes per element
+EXL2_CACHE_PPL = {"FP16": 0.0, "Q8": 0.03, "Q6": 0.15, "Q4": 0.7}  # ppl delta %, added
+EXL2_BPW_PPL = {3.0: 4.1, 3.5: 1.6, 4.0: 0.75, 4.5: 0.0}  # vs 4.5 bpw
+EXL2_PROMPT = 100  # tokens of the surface's prompt
+
+
+def _exl2_layout(params: dict) -> tuple[list[float], list[float], str]:
+    """(GiB needed per GPU, share of the model's layers per GPU, mode)."""
+    bpw, k, seq = float(params["bpw"]), int(params["draft_k"]), int(params["max_seq_len"])
+    weights = 70.6e9 * bpw / 8 / GIB
+    cache = 2 * 80 * 8 * 128 * seq * EXL2_CACHE[params["cache_mode"]] / GIB
+    draft = (1.24e9 * 4.0 / 8 + 2 * 16 * 8 * 64 * seq * 2.0) / GIB + 0.25 if k else 0.0
+    split = str(params["gpu_split"])
+    mem = [g[0] for g in EXL2_GPUS]
+    base = [0.75 + 0.1, 0.75]  # CUDA context + activations; the autosplit reserve on GPU 0
+    if split == "tp":
+        base = [b + 1.1 for b in base]  # TP buffers on each device
+    base[0] += draft
+    model = weights + cache
+    if split == "tp":
+        share = [m / sum(mem) for m in mem]
+    elif split == "auto":
+        left, share = model, []
+        for m, b in zip(mem, base):
+            take = max(0.0, min(left, m - b - 0.25))
+            share.append(take / model)
+            left -= take
+        share[-1] += left / model
+    else:
+        gb = [float(x) for x in split.split(",")]
+        if weights > sum(gb):
+            raise SimFailure(f"ValueError: {weights:.1f} GB of weights exceed gpu_split {split}")
+        left, share = 1.0, []
+        for g in gb:
+            take = min(left, g / weights)
+            share.append(take)
+            left -= take
+    need = [b + model * s for b, s in zip(base, share)]
+    return need, share, split
+
+
+def exl2_70b(params: dict) -> dict[str, float]:
+    need, share, split = _exl2_layout(params)
+    for i, (n, g) in enumerate(zip(need, EXL2_GPUS)):
+        if n > g[0]:
+            raise SimFailure(f"torch.OutOfMemoryError: CUDA out of memory on GPU {i}: "
+                             f"needs {n:.1f} GiB of {g[0]:.0f}")
+    bpw, k, seq = float(params["bpw"]), int(params["draft_k"]), int(params["max_seq_len"])
+    wbytes = 70.6e9 * bpw / 8
+    slow = {"FP16": 1.0, "Q8": 1.015, "Q6": 1.025, "Q4": 1.035}[params["cache_mode"]]
+    slow *= 1.0 + 0.012 * seq / 16384  # page table walks over a larger cache
+    per = [wbytes * s / (g[1] * 1e9 * 0.78) for s, g in zip(share, EXL2_GPUS)]
+    t_target = (max(per) + 80 * 2 * 45e-6 if split == "tp" else sum(per) + 2.0e-3) * slow
+    if k:
+        alpha = 0.72
+        expected = (1 - alpha ** (k + 1)) / (1 - alpha)
+        t_draft = 1.9e-3
+        decode = expected / (k * t_draft + t_target * (1 + 0.045 * k))
+    else:
+        decode = 1.0 / t_target
+    flops = 2 * 70.6e9 * EXL2_PROMPT
+    pre = [flops * s / (g[2] * 1e12) for s, g in zip(share, EXL2_GPUS)]
+    ttft = (max(pre) + 0.006 if split == "tp" else sum(pre)) * (1 + 0.22 * (bpw - 3.0)) * slow
+    ttft = ttft * 1000 + 18.0 + (22.0 + 7.0 * k if k else 0.0)
+    ppl = EXL2_BPW_PPL[bpw] + EXL2_CACHE_PPL[params["cache_mode"]]
+    return {"decode_tps": decode, "ttft_p50_ms": ttft, "ttft_p95_ms": ttft * 1.12,
+            "ppl_delta_pct": ppl, "vram_peak_gb": sum(need)}
+
+
+# ---- (b) seed 001's 70B streamer on an RTX 3090 24 GB -----------------------------------------
+LAYER_GB = 0.669  # Q6_K layer
+STREAM_S = {"A": 0.0007, "B": 0.103, "C": 0.250}  # per layer and token: VRAM, RAM over PCIe, NVMe
+RAM_LAYERS = 54  # layers the 48 GB of RAM holds next to the OS
+DRAFTS = {"1b": (1.3, 0.005, 0.33), "8b": (8.0, 0.020, 0.52)}  # VRAM GiB, s/token, acceptance
+
+
+def layer_cos(i: int) -> float:
+    """cos(input, output) of middle layer i: 0.9915 down to 0.970 in a scattered order
+    (seed 001's calibration: 10-13 layers above 0.985, 16-20 above 0.98)."""
+    rank = ((i - 20) * 17) % 40
+    return 0.9915 - 0.00055 * rank
+
+
+def streamer_70b(params: dict) -> dict[str, float]:
+    k, ctx = int(params["draft_k"]), int(params["ctx"])
+    threshold = float(params["skip_threshold"])
+    kv = 80 * 8 * 128 * 2 * ctx * (4 if params["kv_type"] == "f32" else 2) / GIB
+    draft_vram, t_draft, alpha0 = DRAFTS[params["draft_model"]] if k else (0.0, 0.0, 0.0)
+    if k:
+        draft_vram += 32 * 8 * 128 * 2 * ctx * 2 / GIB
+    free = 24.0 - 0.5 - 2 * LAYER_GB - 1.2 - kv - draft_vram  # context, staging, misc
+    tier_a = max(0, min(80, int(free / LAYER_GB)))
+    tier_b = min(80 - tier_a, RAM_LAYERS)
+    tiers = ["A"] * tier_a + ["B"] * tier_b + ["C"] * (80 - tier_a - tier_b)
+    skipped = [i for i in range(20, 60) if layer_cos(i) > threshold]
+    ppl = 6.5 * sum(1 - layer_cos(i) for i in skipped)
+    t_pass = sum(STREAM_S[t] for i, t in enumerate(tiers) if i not in skipped) + 0.012
+    if k:
+        alpha = alpha0 * math.exp(-0.6 * ppl)
+        expected = (1 - alpha ** (k + 1)) / (1 - alpha)
+        decode = expected / (k * t_draft + t_pass * (1 + 0.02 * k) + 0.06)
+    else:
+        decode = 1.0 / t_pass
+    ttft = (t_pass * 1.1 + (0.08 if k else 0.0)) * 1000
+    return {"decode_tps": decode, "ttft_p50_ms": ttft, "ttft_p95_ms": ttft * 1.05,
+            "ppl_delta_pct": ppl, "vram_peak_gb": 24.0 - free + tier_a * LAYER_GB}
+
+
+# ---- (c) llama.cpp Qwen2.5-7B on an RTX 4090 (seed 002) ---------------------------------------
+QUANT_GB = {"Q4_K_M": 4.36, "Q5_K_M": 5.07, "Q6_K": 5.82, "Q8_0": 7.54}
+QUANT_PPL = {"Q4_K_M": 2.3, "Q5_K_M": 0.85, "Q6_K": 0.3, "Q8_0": 0.0}
+KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+KV_PPL = {"f16": 0.0, "q8_0": 0.04, "q4_0": 0.55}
+QWEN_LAYERS, PROMPT_7B = 28, 6000  # a long-document workload: n_ctx must hold 6000 + 256
+
+
+def llamacpp_7b(params: dict) -> dict[str, float]:
+    quant, ngl, n_ctx = params["quant"], int(params["n_gpu_layers"]), int(params["n_ctx"])
+    n_batch, fa = int(params["n_batch"]), bool(params["flash_attn"])
+    if n_ctx < PROMPT_7B + 256:
+        raise SimFailure(f"llama_decode: failed to find a KV slot: n_ctx={n_ctx} < {PROMPT_7B + 256}")
+    weights = QUANT_GB[quant]
+    on_gpu = min(ngl, QWEN_LAYERS + 1) / (QWEN_LAYERS + 1)
+    per_tok = QWEN_LAYERS * 4 * 128 * (KV_BYTES[params["type_k"]] + KV_BYTES[params["type_v"]])
+    kv = per_tok * n_ctx / GIB
+    scores = 0.0 if fa else n_batch * n_ctx * 28 * 4 / GIB  # attention scores without flash attn
+    vram = 0.45 + weights * on_gpu + kv * on_gpu + (scores + 0.3 if ngl else 0.0)
+    if vram > 24.0:
+        raise SimFailure(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {vram:.1f} GiB "
+                         "on device 0: cudaMalloc failed: out of memory")
+    kv_read = per_tok * (PROMPT_7B + 128)
+    cpu_b, gpu_b = weights * (1 - on_gpu) * GIB, weights * on_gpu * GIB
+    kv_speed = 1.0 if fa else 1.25  # without flash attention the KV is read as f32 scores too
+    t = cpu_b / 55e9 + (gpu_b + kv_read * kv_speed) / (1008e9 * 0.8) + 0.0012
+    t += 0.0004 if 0 < ngl <= QWEN_LAYERS else 0.0
+    dequant = (params["type_k"] != "f16") + (params["type_v"] != "f16")
+    decode = 1.0 / (t * (1 + 0.02 * dequant))
+    passes = math.ceil(PROMPT_7B / n_batch)
+    flops = 2 * 7.6e9 * PROMPT_7B
+    attn = (1.0 if fa else 1.6) * 4 * QWEN_LAYERS * 3584 * PROMPT_7B**2 / 2
+    gpu_s = (flops * on_gpu + attn) / 140e12 / min(1.0, 0.35 + n_batch / 1500)
+    cpu_s = 0.0 if on_gpu == 1 else passes * cpu_b / 24e9 + flops * (1 - on_gpu) / 160e12
+    ttft = (gpu_s + cpu_s) * 1000 + 25.0
+    ppl = QUANT_PPL[quant] + KV_PPL[params["type_k"]] + KV_PPL[params["type_v"]]
+    return {"decode_tps": decode, "ttft_p50_ms": ttft, "ttft_p95_ms": ttft * 1.08,
+            "ppl_delta_pct": ppl, "vram_peak_gb": vram}
+
+
+# ---- (d) a 7B on an 8-core / 16-thread CPU (seed 004) -----------------------------------------
+CPU_QUANT_GB = {"Q4_0": 3.83, "Q4_K_M": 4.36, "Q5_K_M": 5.07, "Q8_0": 7.54}
+CPU_QUANT_PPL = {"Q4_0": 4.2, "Q4_K_M": 2.3, "Q5_K_M": 0.85, "Q8_0": 0.0}
+CPU_QUANT_FLOPS = {"Q4_0": 1.15, "Q4_K_M": 0.9, "Q5_K_M": 0.8, "Q8_0": 1.0}  # kernel speed
+CORES, PROMPT_CPU = 8, 128
+
+
+def _threads_eff(n: int) -> float:
+    """Useful cores of n threads: linear to 8, SMT siblings add 15%, then contention."""
+    if n <= CORES:
+        return float(n)
+    return CORES + 0.15 * (n - CORES) - (0.9 if n == 2 * CORES else 0.0)
+
+
+def cpu_7b(params: dict) -> dict[str, float]:
+    quant, n_t, n_tb = params["quant"], int(params["n_threads"]), int(params["n_threads_batch"])
+    n_batch, n_ctx = int(params["n_batch"]), int(params["n_ctx"])
+    if n_ctx < PROMPT_CPU + 128:
+        raise SimFailure(f"llama_decode: failed to find a KV slot: n_ctx={n_ctx} < {PROMPT_CPU + 128}")
+    weights = CPU_QUANT_GB[quant] * GIB
+    bw = 38e9 * min(1.0, 0.3 + 0.7 * min(n_t, CORES) / 5.0)  # a few threads saturate DDR4
+    compute = 2 * 7.6e9 / (_threads_eff(n_t) * 25e9 * CPU_QUANT_FLOPS[quant])
+    t = max(weights / bw, compute) + 0.2 * min(weights / bw, compute) + 0.002
+    if n_t > CORES:
+        t *= 1 + 0.05 * (n_t - CORES)  # SMT threads fight over the caches while decoding
+    t *= 1 + 0.03 * n_ctx / 4096
+    passes = math.ceil(PROMPT_CPU / n_batch)
+    pre = 2 * 7.6e9 * PROMPT_CPU / (_threads_eff(n_tb) * 100e9 * CPU_QUANT_FLOPS[quant])
+    pre *= 1 + 0.9 * max(0.0, (64 - min(n_batch, 64)) / 64)  # small batches waste the matmul tiles
+    ttft = (pre + passes * weights / bw) * 1000 + 15.0
+    return {"decode_tps": 1.0 / t, "ttft_p50_ms": ttft, "ttft_p95_ms": ttft * 1.06,
+            "ppl_delta_pct": CPU_QUANT_PPL[quant], "peak_rss_mb": (weights / GIB + 0.6) * 1024}
+
+
+SURFACES = {"exl2_70b": exl2_70b, "streamer_70b": streamer_70b, "llamacpp_7b": llamacpp_7b,
+            "cpu_7b": cpu_7b}

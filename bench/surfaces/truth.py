@@ -1,0 +1,147 @@
+"""The noise-free truth of a simulated surface: every configuration of its preset's space.
+
+:func:`load` reads ``bench/surfaces/<name>.yaml``, enumerates the space (categorical
+choices, int ranges), applies the preset's rules (autotune's own rule evaluator) and
+constraints to the model's noise-free metrics, and returns a :class:`Truth` that knows the
+true feasible optimum and the true value of any configuration.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import re
+import sys
+from dataclasses import dataclass
+from dataclasses import field
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from models import SURFACES  # noqa: E402
+from models import SimFailure  # noqa: E402
+
+NOISE_SLACK = 0.03  # a timing constraint within the noise of its bound is met
+TIMED = ("ttft_p50_ms", "ttft_p95_ms", "decode_tps")
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+_CONSTRAINT = re.compile(r"^\s*(\w+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+def parse_constraints(items: list[str]) -> list[tuple[str, str, float]]:
+    out = []
+    for text in items:
+        m = _CONSTRAINT.match(str(text))
+        if not m:
+            raise ValueError(f"constraint {text!r}: expected 'metric <= number'")
+        out.append((m.group(1), m.group(2), float(m.group(3))))
+    return out
+
+
+def satisfies(metrics: dict, constraints: list[tuple[str, str, float]]) -> bool:
+    return all(k in metrics and math.isfinite(metrics[k]) and OPS[op](metrics[k], v)
+               for k, op, v in constraints)
+
+
+def enumerate_space(space: dict) -> list[dict]:
+    names, values = list(space), []
+    for name in names:
+        d = space[name]
+        if d["type"] == "categorical":
+            values.append(list(d["choices"]))
+        elif d["type"] == "int":
+            values.append(list(range(int(d["low"]), int(d["high"]) + 1, int(d.get("step", 1)))))
+        elif d["type"] == "fixed":
+            values.append([d["value"]])
+        else:
+            raise ValueError(f"space.{name}: the bench enumerates categorical and int parameters only")
+    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+
+
+def key(params: dict) -> tuple:
+    return tuple(sorted((k, str(v)) for k, v in params.items()))
+
+
+@dataclass
+class Truth:
+    """True metrics, feasibility and the feasible optimum of one surface."""
+
+    name: str
+    preset: dict
+    metric: str
+    constraints: list[tuple[str, str, float]]
+    rules: list = field(default_factory=list)
+    table: dict[tuple, float] = field(default_factory=dict)  # key -> true value (0 infeasible)
+    optimum: float = 0.0
+    n_configs: int = 0
+    n_feasible: int = 0
+    n_within95: int = 0
+    n_launchable: int = 0  # neither rule-broken nor predicted OOM by the preset's declaration
+    n_launchable95: int = 0
+
+    def evaluate(self, params: dict) -> tuple[float, dict | None, str]:
+        """(true value or 0, noise-free metrics, why infeasible)."""
+        from autotune.rules import violations
+
+        broken = violations(self.rules, params)
+        if broken:
+            return 0.0, None, "rule: " + broken[0]
+        try:
+            metrics = SURFACES[self.name](params)
+        except SimFailure as e:
+            return 0.0, None, str(e)
+        if not satisfies(metrics, self.constraints):
+            return 0.0, metrics, "violates a constraint"
+        return float(metrics[self.metric]), metrics, ""
+
+    def credit(self, params: dict) -> float:
+        """True value of a configuration the search measured as feasible: its true metric if
+        it truly meets every constraint within the timing noise (3%), else 0."""
+        try:
+            metrics = SURFACES[self.name](params)
+        except SimFailure:
+            return 0.0
+        loose = [(k, op, v * (1 + NOISE_SLACK) if op.startswith("<") else v * (1 - NOISE_SLACK))
+                 if k in TIMED else (k, op, v) for k, op, v in self.constraints]
+        if not satisfies(metrics, loose):
+            return 0.0
+        return float(metrics[self.metric])
+
+    def value(self, params: dict) -> float:
+        """True value of a configuration (0 when it is truly infeasible)."""
+        k = key({n: params.get(n) for n in self.preset["space"]})
+        if k not in self.table:
+            self.table[k] = self.evaluate(params)[0]
+        return self.table[k]
+
+
+def load(name: str) -> Truth:
+    """Enumerate the surface's space and compute its true feasible optimum."""
+    from autotune.rules import compile_rule
+
+    preset = yaml.safe_load((HERE / f"{name}.yaml").read_text())
+    known = list(preset["space"])
+    rules = [compile_rule(r, known, f"rules[{i}]") for i, r in enumerate(preset.get("rules") or [])]
+    metric = (preset.get("select") or {}).get("metric", "decode_tps")
+    truth = Truth(name, preset, metric, parse_constraints(preset.get("constraints") or []), rules)
+    from autotune.engines.command import CommandEngine
+    from autotune.rules import violations
+
+    launchable = []
+    settings = preset["engine"]["settings"]
+    for params in enumerate_space(preset["space"]):
+        k = key(params)
+        truth.table[k] = truth.evaluate(params)[0]
+        if not violations(rules, params) and CommandEngine.predict(params, settings, {}).fits is not False:
+            launchable.append(truth.table[k])
+    values = list(truth.table.values())
+    truth.n_configs = len(values)
+    truth.optimum = max(values)
+    truth.n_feasible = sum(v > 0 for v in values)
+    truth.n_within95 = sum(v >= 0.95 * truth.optimum for v in values)
+    truth.n_launchable = len(launchable)
+    truth.n_launchable95 = sum(v >= 0.95 * truth.optimum for v in launchable)
+    return truth
