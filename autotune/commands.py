@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from autotune.studies import CONFIG_FILE
 from autotune.studies import RUNNING_FILE
 from autotune.studies import find_study
 from autotune.studies import read_config
+from autotune.trial.runner import stop_process
 
 if TYPE_CHECKING:
     from autotune.config import Config
@@ -181,13 +181,7 @@ def _serve(argv: list[str], health: str, url: str, name: str) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process(proc, grace_s=20)
         log.close()
 
 

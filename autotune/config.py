@@ -24,7 +24,7 @@ from autotune.trial.spec import ARRIVALS
 from autotune.trial.spec import LOADS
 from autotune.trial.spec import WorkloadSpec
 
-SAMPLERS = ("tpe", "gp", "nsga2", "random", "grid")
+SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
 SEARCH_MODES = ("single", "pareto")
 SELECT_RULES = ("max", "knee", "weighted")
 
@@ -39,7 +39,7 @@ class StudyConfig:
     n_trials: int = 12
     timeout_s: float | None = None
     seed: int | None = 0
-    sampler: str = "tpe"
+    sampler: str = "auto"
     search: str = "single"  # single: optimise what select picks the winner by; pareto: objectives
     n_startup: int | None = None  # space-filling startup trials incl. trial 0 (None: from n_trials)
     precheck: bool = True  # skip configurations the engine predicts will not fit

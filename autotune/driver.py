@@ -35,6 +35,7 @@ from autotune.launcher import Launcher
 from autotune.measure.quality import reference_ready
 from autotune.predict import Prediction
 from autotune.remeasure import choose_winner
+from autotune.samplers import auto_note
 from autotune.samplers import make_sampler
 from autotune.samplers import uses_design
 from autotune.select import pareto_front
@@ -137,7 +138,10 @@ class Driver:
         cfg = self.cfg
         t0 = time.monotonic()
         sampler = make_sampler(cfg.study.sampler, cfg.study.seed, self.space, cfg.study.n_trials,
-                               self.n_startup())
+                               self.n_startup(), cfg.study.search)
+        note = auto_note(cfg.study.sampler, cfg.study.search)
+        if note:
+            self.report.note(note)
         study, resumed = studylib.open_study(cfg, sampler)
         if not resumed:
             baseline = baseline_params(self.space, cfg.engine.variants)

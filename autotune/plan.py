@@ -18,6 +18,7 @@ from rich.table import Table
 from autotune.cluster import resource_plan
 from autotune.gpus import cpu_count
 from autotune.gpus import list_gpus
+from autotune.samplers import resolve
 
 if TYPE_CHECKING:
     from autotune.config import Config
@@ -95,7 +96,9 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
     budget = f"{cfg.study.n_trials} trials" + (
         f" or {cfg.study.timeout_s:g} s, whichever comes first" if cfg.study.timeout_s else "")
     c.print(f"budget: {budget}; each trial at most {cfg.study.trial_timeout_s:g} s")
-    c.print(f"sampler: {SAMPLER_NOTES.get(cfg.study.sampler, cfg.study.sampler)}, seed {cfg.study.seed}")
+    name = resolve(cfg.study.sampler, cfg.study.search)
+    auto = "auto -> " if cfg.study.sampler == "auto" else ""
+    c.print(f"sampler: {auto}{SAMPLER_NOTES.get(name, name)}, seed {cfg.study.seed}")
     c.print(f"trial 0: the baseline {baseline}", markup=False)
     for i, item in enumerate(cfg.study.enqueue):
         c.print(f"trial {i + 1}: enqueued {item}", markup=False)

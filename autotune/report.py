@@ -23,6 +23,7 @@ from rich.progress import TimeElapsedColumn
 from rich.progress import TimeRemainingColumn
 from rich.table import Table
 
+from autotune.samplers import resolve
 from objectives import get_metric
 
 if TYPE_CHECKING:
@@ -116,7 +117,9 @@ class Reporter:
         what = f"resuming ({done} trials done)" if resumed else "new study"
         self.console.print(
             f"[bold]autotune[/bold] study [cyan]{c.study.name}[/cyan] ({what}), engine {c.engine.kind}, "
-            f"sampler {c.study.sampler}, {c.study.n_trials} trials; objectives "
+            f"sampler {c.study.sampler}"
+            + (f" ({resolve(c.study.sampler, c.study.search)})" if c.study.sampler == "auto" else "")
+            + f", {c.study.n_trials} trials; objectives "
             + ", ".join(f"{o.metric} ({o.direction})" for o in c.objectives)
             + ("; constraints " + ", ".join(map(str, c.constraints)) if c.constraints else "")
         )

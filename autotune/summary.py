@@ -30,11 +30,13 @@ def _record(data: dict | None) -> Record | None:
 
 
 @dataclass(frozen=True)
-class Verdict:
-    """The winner chosen on re-measured numbers, and how sure that choice is."""
+class Remeasurement:
+    """What the side-by-side re-measurement says: medians, the speed-up and how sure it is.
 
-    winner: Record | None = None
-    baseline_remeasured: Record | None = None
+    Shared by :class:`Verdict` (what ``choose_winner`` returns) and :class:`StudySummary`
+    (where the driver copies it, under the same keys of ``summary.json``).
+    """
+
     remeasured: dict | None = None  # {"metric": NAME, "by_trial": {n: {median, ci95, n}}}
     lead_within_noise: bool | None = None
     runner_up: int | None = None
@@ -42,6 +44,14 @@ class Verdict:
     speedup_source: str | None = None
     speedup_within_noise: bool | None = None
     note: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict(Remeasurement):
+    """The winner chosen on re-measured numbers, and how sure that choice is."""
+
+    winner: Record | None = None
+    baseline_remeasured: Record | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -99,8 +109,8 @@ def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionErr
     )
 
 
-@dataclass(frozen=True)
-class StudySummary:
+@dataclass(frozen=True, kw_only=True)
+class StudySummary(Remeasurement):
     """Everything ``summary.json`` holds: counts, baseline vs winner, verdict, warnings.
 
     ``n_trials`` counts launched configurations (the budget); proposals refused before
@@ -127,13 +137,6 @@ class StudySummary:
     pareto: list[int] = field(default_factory=list)
     winner_metrics: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    remeasured: dict | None = None
-    lead_within_noise: bool | None = None
-    runner_up: int | None = None
-    speedup: float | None = None
-    speedup_source: str | None = None
-    speedup_within_noise: bool | None = None
-    note: str | None = None
     stop_reason: str | None = None
     prediction: PredictionError | None = None
 

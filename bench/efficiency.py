@@ -48,6 +48,7 @@ SURFACES = ("exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b")
 METHODS = {  # name -> overrides on top of the preset (the preset leaves the defaults alone)
     "default": [],
     "random": ["study.sampler=random"],
+    "tpe": ["study.sampler=tpe"],
     "tpe_pareto": ["study.sampler=tpe", "study.search=pareto"],
     "gp": ["study.sampler=gp"],
     "grid": ["study.sampler=grid"],

@@ -31,8 +31,9 @@ register_metric("load_s", "s", "minimize", "time to load the model (engine.start
 # ---- memory ----------------------------------------------------------------------------
 register_metric("peak_rss_mb", "MB", "minimize",
                 "peak resident memory (VmHWM) of the trial process, before quality eval")
-register_metric("vram_peak_gb", "GB", "minimize",
-                "peak used GPU memory summed over the trial's GPUs (NVML, 50 ms sampling)")
+register_metric("vram_peak_gb", "GiB", "minimize",
+                "peak used GPU memory summed over the trial's GPUs, less the idle reading "
+                "(NVML v2 used memory, as nvidia-smi shows it; GiB, 50 ms sampling)")
 register_metric("mem_estimate_mb", "MB", "minimize",
                 "estimate before launch from the GGUF header: weights + KV + logits + runtime")
 

@@ -152,7 +152,8 @@ def test_a_node_that_dies_fails_only_its_trial(cluster, tmp_path):
     doomed = c.add_node(num_cpus=2, num_gpus=1, resources={"doomed": 1})
     c.wait_for_nodes()
     space = {**RESOURCE, "duration_s": {"type": "categorical", "choices": [0.0, 2.0, 60.0]}}
-    enqueue = [{"resource": "doomed", "duration_s": 60.0}] + [{"duration_s": 2.0}] * 3
+    # distinct configurations: a repeat of a measured one is not launched again
+    enqueue = [{"resource": "doomed", "duration_s": 60.0}] + [{"duration_s": 2.0, "x": x} for x in (0.1, 0.2, 0.3)]
     cfg, space = fake_config(tmp_path, ["study.n_trials=5"], space=space, enqueue=enqueue)
     killer = WhenStarted(str(tmp_path / "records"), lambda ev: ev["params"]["resource"] == "doomed",
                          lambda ev: c.remove_node(doomed, allow_graceful=False))

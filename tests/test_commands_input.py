@@ -3,6 +3,11 @@ written; ``--help`` for each; and the pure helpers of the MLflow view."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
 from autotune.mlflow_view import run_name
@@ -57,15 +62,21 @@ def test_units_note_lists_units_and_directions() -> None:
     assert "not_a_metric" not in note
 
 
-def test_running_pid_is_alive_autotune_only(tmp_path) -> None:
-    import subprocess
-    import sys
+def _wait_exec(pid: int) -> None:
+    """Wait until a just-forked child has exec'd (its /proc cmdline is its own)."""
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    deadline = time.monotonic() + 30
+    while b"sleep(60)" not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.02)
 
+
+def test_running_pid_is_alive_autotune_only(tmp_path) -> None:
     from autotune.studies import RUNNING_FILE
     from autotune.studies import running_pid
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "autotune"])
     try:
+        _wait_exec(proc.pid)
         (tmp_path / RUNNING_FILE).write_text(f"{proc.pid}\n")
         assert running_pid(tmp_path) == proc.pid
     finally:
@@ -74,6 +85,7 @@ def test_running_pid_is_alive_autotune_only(tmp_path) -> None:
     assert running_pid(tmp_path) is None  # the driver died: not running any more
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        _wait_exec(other.pid)
         (tmp_path / RUNNING_FILE).write_text(f"{other.pid}\n")
         assert running_pid(tmp_path) is None  # a reused pid of another program
     finally:

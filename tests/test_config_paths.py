@@ -10,6 +10,11 @@ from autotune.config import load_config
 
 def test_relative_paths_become_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # the files exist: missing ones are refused at load (tests/configs/bad/)
+    (tmp_path / "my").mkdir()
+    (tmp_path / "my" / "prompts.jsonl").write_text('{"prompt": "Hello there"}\n')
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "t.txt").write_text("Some text to measure perplexity on. " * 50)
     cfg = load_config(compose([
         "conf=local_cpu", "+engine.variants.mine.path=models/x.gguf",
         "workload.prompts=my/prompts.jsonl", "quality.text=texts/t.txt",

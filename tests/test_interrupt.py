@@ -9,8 +9,11 @@ import subprocess
 import sys
 import time
 
+import optuna
 import pytest
 
+from autotune.study import INTERRUPTED
+from autotune.study import LAUNCHED
 from tests.conftest import study_overrides
 from tests.helpers.procs import processes_with_arg
 
@@ -40,7 +43,12 @@ def test_sigint_mid_study_exports_and_leaves_no_process(tmp_path):
     assert proc.returncode == 130, text[-3000:]
     d = tmp_path / "studies" / "intr"
     summary = json.loads((d / "summary.json").read_text())
-    assert summary["interrupted"] is True and summary["n_trials"] >= 1
+    assert summary["interrupted"] is True
+    # the trial cut off is kept, marked interrupted: a resume re-runs it outside the budget
+    study = optuna.load_study(study_name="intr", storage=f"sqlite:///{d / 'optuna.db'}")
+    cut = [t for t in study.trials if t.user_attrs.get("kind") == INTERRUPTED]
+    assert cut and summary["n_trials"] == sum(
+        t.user_attrs.get("kind") == LAUNCHED for t in study.trials), text[-3000:]
     assert (d / "pareto.json").exists()
     time.sleep(2.0)
     assert processes_with_arg(str(d)) == [], "a trial process outlived the interrupted study"

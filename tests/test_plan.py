@@ -61,7 +61,7 @@ PRESETS = [
             "trial 0 runs: ",
             "bench/engines/toy_streamer.py --draft-k 0 --skip-threshold 1.0 --tokens 32",
             "trial 0 (baseline) reserves 1 CPU, 0 GPU",
-            "sampler: tpe (multivariate",
+            "sampler: auto -> ",
             "trial 0: the baseline {'draft_k': 0, 'skip_threshold': 1.0}",
         ],
     ),

@@ -42,6 +42,21 @@ def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
         pass
 
 
+def stop_process(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
+    """Stop a child started with ``start_new_session=True``: SIGTERM its group, wait up to
+    ``grace_s`` for the leader, then SIGKILL the group; the leader is always reaped."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        proc.wait()
+
+
 def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> TrialResult:
     """Run ``spec`` in ``python -m autotune.trial.worker`` and return its result."""
     workdir = Path(spec.workdir)

