@@ -15,7 +15,7 @@ Everything here runs before anything is written and raises a one-line
   config is refused; when only some values are too small, :func:`context_rule` returns a
   rule that excludes them with the reason (a categorical value it always excludes is then
   refused at load by the space's reachability check, like any value no rule lets run).
-- :func:`check_model_paths` (real runs only, so ``--dry-run`` of a GPU preset works
+- :func:`validate_model_paths` (real runs only, so ``--dry-run`` of a GPU preset works
   anywhere): every ``engine.variants.*.path`` exists and is readable.
 """
 
@@ -47,7 +47,7 @@ def _scheme(uri: str) -> str:
     return uri.split("://", 1)[0].split("+", 1)[0].lower() if "://" in uri else ""
 
 
-def check_creatable(path: str, what: str, value: Any = None) -> None:
+def validate_creatable(path: str, what: str, value: Any = None) -> None:
     """``path`` is an existing directory, or one that can be created (nearest ancestor writable)."""
     p = Path(os.path.expanduser(path)).absolute()
     shown = value if value is not None else path
@@ -75,7 +75,7 @@ def _readable_file(path: Path, key: str, value: str) -> None:
         raise ConfigError(key, value, f"{path} is not readable")
 
 
-def check_prompts(name: str) -> list[str]:
+def prompt_reasons(name: str) -> list[str]:
     """The workload's prompts (a shipped set or a file); a bad name or file is a ConfigError."""
     path = Path(name)
     if not path.suffix:
@@ -98,7 +98,7 @@ def check_prompts(name: str) -> list[str]:
     return prompts
 
 
-def check_quality_text(enabled: bool, text: str) -> None:
+def validate_quality_text(enabled: bool, text: str) -> None:
     """The quality text exists, is readable and not empty (only when quality is on)."""
     if not enabled:
         return
@@ -119,7 +119,7 @@ def check_quality_text(enabled: bool, text: str) -> None:
         raise ConfigError("quality.text", text, "the file is empty")
 
 
-def check_tracking(uri: str, artifacts: str | None) -> None:
+def validate_tracking(uri: str, artifacts: str | None) -> None:
     """The MLflow tracking URI is one MLflow accepts; its SQLite/artifact dirs can be made."""
     scheme = _scheme(uri)
     allowed = "sqlite:///PATH, postgresql://, mysql://, mssql://, http(s)://, databricks"
@@ -134,7 +134,7 @@ def check_tracking(uri: str, artifacts: str | None) -> None:
             raise ConfigError("tracking.uri", uri, "MLflow 3 refuses the file store unless "
                               f"MLFLOW_ALLOW_FILE_STORE=true; use {allowed}",
                               "Did you mean: sqlite:///mlruns/mlflow.db?")
-        check_creatable(uri.split("://", 1)[-1], "tracking.uri", uri)
+        validate_creatable(uri.split("://", 1)[-1], "tracking.uri", uri)
     elif scheme not in MLFLOW_SCHEMES:
         shown = scheme or uri.split(":", 1)[0]
         hint = did_you_mean(shown, MLFLOW_SCHEMES)
@@ -146,19 +146,19 @@ def check_tracking(uri: str, artifacts: str | None) -> None:
                               "sqlite:////absolute/path.db")
         _check_db_file(uri[len("sqlite:///"):], "tracking.uri", uri)
     if artifacts and "://" not in artifacts:
-        check_creatable(artifacts, "tracking.artifacts")
+        validate_creatable(artifacts, "tracking.artifacts")
 
 
 def _check_db_file(path: str, key: str, uri: str) -> None:
     p = Path(path).absolute()
     if p.exists() and (not p.is_file() or not os.access(p, os.R_OK | os.W_OK)):
         raise ConfigError(key, uri, f"{p} is not a readable and writable file")
-    check_creatable(str(p.parent), key, uri)
+    validate_creatable(str(p.parent), key, uri)
 
 
-def check_storage(study_dir: str, url: str | None) -> None:
+def validate_storage(study_dir: str, url: str | None) -> None:
     """``study.storage`` is an SQLAlchemy URL Optuna can open; ``study.dir`` can be created."""
-    check_creatable(study_dir, "study.dir")
+    validate_creatable(study_dir, "study.dir")
     if url is None:
         return
     scheme = _scheme(url)
@@ -258,7 +258,7 @@ def _tokens_needed(wl: WorkloadSpec, prompts: list[str]) -> tuple[int | None, st
             f"+ max_tokens {wl.max_tokens}")
 
 
-def check_model_paths(variants: dict) -> None:
+def validate_model_paths(variants: dict) -> None:
     """Every variant's ``path`` exists and is readable (a file or a model directory)."""
     for name, v in variants.items():
         path = v.get("path") if isinstance(v, dict) else None

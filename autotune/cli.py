@@ -69,9 +69,9 @@ def prepare(overrides: list[str], config_dir: str | None, dry_run: bool = False)
         missing = space.engine.preflight(cfg.engine.settings)
         if missing:
             raise ConfigError("engine.settings.gpus", cfg.engine.kind, missing[0])
-        from autotune.checks import check_model_paths
+        from autotune.checks import validate_model_paths
 
-        check_model_paths(cfg.engine.variants)  # real runs only: --dry-run works anywhere
+        validate_model_paths(cfg.engine.variants)  # real runs only: --dry-run works anywhere
     return cfg, space, baseline
 
 

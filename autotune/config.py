@@ -182,7 +182,7 @@ def _positive(path: str, value: float | int | None, allow_zero: bool = False) ->
         raise ConfigError(path, value, "must be > 0" if not allow_zero else "must be >= 0")
 
 
-def check_workload(wl: WorkloadSpec, trial_timeout_s: float | None = None) -> None:
+def validate_workload(wl: WorkloadSpec, trial_timeout_s: float | None = None) -> None:
     """Range and combination checks of the ``workload`` section (ConfigError with its path)."""
     for key in ("max_tokens", "repeats", "concurrency", "turns", "max_concurrency", "max_rate",
                 "search_time_s", "rate"):
@@ -317,7 +317,7 @@ def load_config(data: dict) -> Config:
     _positive("study.max_rejected", study.max_rejected)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", study.name):
         raise ConfigError("study.name", study.name, "use letters, digits, '_', '-' and '.' only")
-    check_workload(sections["workload"], study.trial_timeout_s)
+    validate_workload(sections["workload"], study.trial_timeout_s)
     q: QualityConfig = sections["quality"]
     if q.n_tokens < 16:
         raise ConfigError("quality.n_tokens", q.n_tokens, "must be >= 16")
@@ -364,11 +364,11 @@ def _check_pointers(data: dict, sections: dict, rules: list) -> list:
     for the workload (``cfg.raw`` keeps the user's rules as written).
     """
     study, tracking, quality = sections["study"], sections["tracking"], sections["quality"]
-    checks.check_storage(study.dir, study.storage)
+    checks.validate_storage(study.dir, study.storage)
     if tracking.enabled:
-        checks.check_tracking(tracking.uri, tracking.artifacts)
-    checks.check_quality_text(quality.enabled, quality.text)
-    prompts = checks.check_prompts(sections["workload"].prompts)
+        checks.validate_tracking(tracking.uri, tracking.artifacts)
+    checks.validate_quality_text(quality.enabled, quality.text)
+    prompts = checks.prompt_reasons(sections["workload"].prompts)
     extra = checks.context_rule(data, sections["workload"], prompts)
     return [*rules, extra] if extra else rules
 

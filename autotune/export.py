@@ -98,16 +98,16 @@ def _insert_comments(path: Path, lines: list[str]) -> None:
     path.chmod(mode)
 
 
-def check_exports(files: list[Path]) -> list[str]:
+def export_reasons(files: list[Path]) -> list[str]:
     """What would stop an exported file from running as it is (see module docstring)."""
     from autotune import tabby_schema
-    from autotune.llama_server_flags import check_argv
+    from autotune.llama_server_flags import argv_reasons
 
     notes: list[str] = []
     for f in files:
         if f.name == "llama-server.sh":
             argv = shlex.split([x for x in f.read_text().splitlines() if x and not x.startswith("#")][-1])
-            found = check_argv(argv)
+            found = argv_reasons(argv)
             model = argv[argv.index("-m") + 1] if "-m" in argv else None
             if model and not Path(model).exists():
                 found.append(f"model file {model} does not exist")
@@ -129,7 +129,7 @@ def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any
     """The engine's own files for one configuration, naming real model files; (files, notes).
 
     Shipped and made variants resolve to their cached files (made now if missing). Every
-    file is then checked (:func:`check_exports`); what does not hold is written into the
+    file is then checked (:func:`export_reasons`); what does not hold is written into the
     file as a comment and returned as a note for the summary.
     """
     from autotune.models import export_variants
@@ -145,7 +145,7 @@ def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any
     for f in files:
         if f.suffix in (".sh", ".yml", ".yaml"):
             _insert_comments(f, origin)
-    return files, notes + check_exports(files)
+    return files, notes + export_reasons(files)
 
 
 def _with_notes(summary: Any, notes: list[str]) -> dict[str, Any]:

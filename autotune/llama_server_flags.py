@@ -4,7 +4,7 @@ llama-cpp-python ships.
 ``autotune/data/llama_server_flags.json`` lists the flags ``llama-server`` accepts and the
 values of its enumerated options (KV cache types, speculative types, on/off/auto), read
 from llama-cpp-python's vendored llama.cpp sources by
-:mod:`autotune.tools.llama_server_flags`. :func:`check_argv` returns the problems of an
+:mod:`autotune.tools.llama_server_flags`. :func:`argv_reasons` returns the problems of an
 argv (an empty list when llama-server would parse it).
 """
 
@@ -43,7 +43,7 @@ def load(path: Path = DATA) -> ServerFlags:
     )
 
 
-def check_argv(argv: list[str], table: ServerFlags | None = None) -> list[str]:
+def argv_reasons(argv: list[str], table: ServerFlags | None = None) -> list[str]:
     """Problems of a ``llama-server`` argv: unknown flags and values outside their set.
 
     ``argv[0]`` is the program. A flag that takes a value consumes the next item.

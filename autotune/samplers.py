@@ -54,7 +54,7 @@ def auto_note(name: str, search: str = "single") -> str | None:
     return None
 
 
-def check_sampler(name: str, space: Space) -> None:
+def validate_sampler(name: str, space: Space) -> None:
     """Refuse, before anything is written, a sampler that cannot search ``space``."""
     if name == "gp" and not torch_available():
         raise ConfigError("study.sampler", name, "the GP sampler needs torch, which is not installed",
@@ -83,7 +83,7 @@ def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
             seed=seed, multivariate=True, group=True, constant_liar=True,
             n_startup_trials=startup,
         )
-    check_sampler(name, space)
+    validate_sampler(name, space)
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
     if name == "nsga2":

@@ -31,7 +31,7 @@ URIS_BAD = [
 @pytest.mark.parametrize("uri", URIS_OK)
 def test_tracking_uri_accepted(uri: str, monkeypatch, tmp_path: Path):
     monkeypatch.chdir(tmp_path)
-    checks.check_tracking(uri, "mlruns/artifacts")
+    checks.validate_tracking(uri, "mlruns/artifacts")
     assert list(tmp_path.iterdir()) == []  # checked, nothing created
 
 
@@ -40,25 +40,25 @@ def test_tracking_uri_refused(uri: str, why: str, monkeypatch, tmp_path: Path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
     with pytest.raises(ConfigError, match="tracking.uri") as e:
-        checks.check_tracking(uri, None)
+        checks.validate_tracking(uri, None)
     assert why in str(e.value)
 
 
 def test_file_store_allowed_with_the_opt_out(monkeypatch, tmp_path: Path):
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
-    checks.check_tracking(f"file://{tmp_path}/mlruns", None)
+    checks.validate_tracking(f"file://{tmp_path}/mlruns", None)
 
 
 def test_storage_and_dir(tmp_path: Path):
-    checks.check_storage(str(tmp_path / "a" / "b"), f"sqlite:///{tmp_path}/o.db")
+    checks.validate_storage(str(tmp_path / "a" / "b"), f"sqlite:///{tmp_path}/o.db")
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ConfigError, match="study.storage: got 'redis://x'"):
-        checks.check_storage(str(tmp_path), "redis://x")
+        checks.validate_storage(str(tmp_path), "redis://x")
     (tmp_path / "f").write_text("x")
     with pytest.raises(ConfigError, match="exists and is not a directory"):
-        checks.check_storage(str(tmp_path / "f"), None)
+        checks.validate_storage(str(tmp_path / "f"), None)
     with pytest.raises(ConfigError, match="is not a directory"):
-        checks.check_storage(str(tmp_path / "f" / "sub"), None)
+        checks.validate_storage(str(tmp_path / "f" / "sub"), None)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
@@ -66,29 +66,29 @@ def test_unwritable_dir(tmp_path: Path):
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
     with pytest.raises(ConfigError, match="not a writable directory"):
-        checks.check_creatable(str(ro / "studies"), "study.dir")
+        checks.validate_creatable(str(ro / "studies"), "study.dir")
 
 
 def test_prompts(tmp_path: Path):
-    assert checks.check_prompts("short")
+    assert checks.prompt_reasons("short")
     with pytest.raises(ConfigError, match="Did you mean: short"):
-        checks.check_prompts("shrot")
+        checks.prompt_reasons("shrot")
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"text": "x"}\n')
     with pytest.raises(ConfigError, match="cannot read the prompts"):
-        checks.check_prompts(str(bad))
+        checks.prompt_reasons(str(bad))
     good = tmp_path / "p.txt"
     good.write_text("one prompt\n\n\nanother")
-    assert [p.strip() for p in checks.check_prompts(str(good))] == ["one prompt", "another"]
+    assert [p.strip() for p in checks.prompt_reasons(str(good))] == ["one prompt", "another"]
 
 
 def test_quality_text(tmp_path: Path):
-    checks.check_quality_text(True, "gpl3")
-    checks.check_quality_text(False, "/no/such")
+    checks.validate_quality_text(True, "gpl3")
+    checks.validate_quality_text(False, "/no/such")
     with pytest.raises(ConfigError, match="no such file"):
-        checks.check_quality_text(True, str(tmp_path / "t.txt"))
+        checks.validate_quality_text(True, str(tmp_path / "t.txt"))
     with pytest.raises(ConfigError, match="Did you mean: gpl3"):
-        checks.check_quality_text(True, "gpl")
+        checks.validate_quality_text(True, "gpl")
 
 
 def _data(space: dict, engine: str = "llamacpp") -> dict:

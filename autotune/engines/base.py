@@ -148,6 +148,7 @@ class Engine:
     """Base class of engine adapters. See the module docstring for the lifecycle."""
 
     name: ClassVar[str] = ""
+    predictor: ClassVar[str] = ""  # "module:function(full_params, settings, variants) -> Prediction"
     knobs: ClassVar[dict[str, Knob]] = {}
     settings_schema: ClassVar[type] = EngineSettings
     uses_variants: ClassVar[bool] = True  # engine.variants are checked by models.validate_variants
@@ -287,9 +288,14 @@ class Engine:
     def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
         """Before launch: whether ``params`` fits and its decode upper bound (default: unknown).
 
-        See autotune/predict.py and docs/predict.md.
+        Calls ``cls.predictor`` ("module:function", imported lazily like the registry) with the
+        full parameters; see autotune/predict.py and docs/predict.md.
         """
-        return Prediction()
+        if not cls.predictor:
+            return Prediction()
+        module, _, name = cls.predictor.partition(":")
+        estimate = getattr(importlib.import_module(module), name)
+        return estimate(cls.full_params(params, settings, variants), settings, variants)
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:

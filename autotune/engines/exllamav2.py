@@ -61,7 +61,6 @@ from autotune.gpus import VramSampler
 from autotune.gpus import pci_bus_order_env
 from autotune.measure.types import Generation
 from autotune.models import validate_variants
-from autotune.predict import Prediction
 
 
 @dataclass(frozen=True)
@@ -87,6 +86,7 @@ class ExLlamaV2Engine(Engine):
     """
 
     name = "exllamav2"
+    predictor = "autotune.predict_engines:predict_exllamav2"
     settings_schema = ExLlamaV2Settings
     knobs = {
         "model": Knob("str", doc="EXL2 variant (engine.variants: path + bpw)"),
@@ -130,13 +130,6 @@ class ExLlamaV2Engine(Engine):
         mode, split = parse_split(p["gpu_split"])
         n = len(split) if mode == "manual" else max(len(gpus_of(settings)), 1)
         return Resources(num_cpus=float(settings.get("num_cpus", 1)), num_gpus=float(n))
-
-    @classmethod
-    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
-        """VRAM per GPU from bpw, cache mode, split and draft, and the decode bound."""
-        from autotune.predict_engines import predict_exllamav2
-
-        return predict_exllamav2(cls.full_params(params, settings, variants), settings, variants)
 
     @classmethod
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:

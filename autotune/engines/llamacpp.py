@@ -41,7 +41,6 @@ from autotune.measure.memory import peak_rss_mb
 from autotune.measure.types import Generation
 from autotune.models import resolve_variant
 from autotune.models import validate_variants
-from autotune.predict import Prediction
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 UNQUANTIZED_KV = ("f32", "f16")
@@ -65,6 +64,7 @@ class LlamaCppEngine(Engine):
     """llama-cpp-python ``Llama``; one model instance per trial, greedy decoding."""
 
     name = "llamacpp"
+    predictor = "autotune.predict_engines:predict_llamacpp"
     settings_schema = LlamaCppSettings
     max_concurrency: ClassVar[int] = 1  # one in-process Llama: no batching of requests
     knobs = {
@@ -124,13 +124,6 @@ class LlamaCppEngine(Engine):
             split = p.get("tensor_split")
             gpus = float(len([x for x in split if x])) if split else 1.0
         return Resources(num_cpus=float(max(p["n_threads"], p["n_threads_batch"])), num_gpus=gpus)
-
-    @classmethod
-    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
-        """RAM / VRAM per GPU from the GGUF header, and the decode bound (autotune.predict)."""
-        from autotune.predict_engines import predict_llamacpp
-
-        return predict_llamacpp(cls.full_params(params, settings, variants), settings, variants)
 
     @classmethod
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:

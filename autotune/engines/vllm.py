@@ -44,7 +44,6 @@ from autotune.gpus import VramSampler
 from autotune.gpus import cpu_count
 from autotune.gpus import list_gpus
 from autotune.gpus import pci_bus_order_env
-from autotune.predict import Prediction
 
 KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
@@ -115,6 +114,7 @@ class VLLMEngine(OpenAIServerEngine):
     """A vLLM API server per trial (see the module docstring); lifecycle as the base class."""
 
     name = "vllm"
+    predictor = "autotune.predict_engines:predict_vllm"
     settings_schema = VLLMSettings
     supports_quality = False  # an OpenAI server returns no full next-token distributions
     knobs = {
@@ -183,13 +183,6 @@ class VLLMEngine(OpenAIServerEngine):
         gpus = 0.0 if on_cpu else float(p.get("tensor_parallel_size") or 1)
         cpus = settings.get("num_cpus") or (cpu_count() if on_cpu else 1)
         return Resources(num_cpus=float(cpus), num_gpus=gpus)
-
-    @classmethod
-    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
-        """Weights + one max_model_len of KV within gpu_memory_utilization."""
-        from autotune.predict_engines import predict_vllm
-
-        return predict_vllm(cls.full_params(params, settings, variants), settings, variants)
 
     @classmethod
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:

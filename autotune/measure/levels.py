@@ -35,7 +35,7 @@ def as_workload(workload: WorkloadSpec | dict) -> WorkloadSpec:
     return workload if isinstance(workload, WorkloadSpec) else WorkloadSpec.from_dict(workload)
 
 
-def check_concurrency(engine: Generator, concurrency: int) -> None:
+def validate_concurrency(engine: Generator, concurrency: int) -> None:
     """Raise InfeasibleConfig if the engine cannot serve ``concurrency`` requests at once."""
     limit = getattr(engine, "max_concurrency", None)
     if limit is not None and concurrency > limit:

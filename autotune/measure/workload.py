@@ -23,11 +23,11 @@ from dataclasses import field
 from autotune.measure.conversations import turn_stats
 from autotune.measure.ladder import run_ladder
 from autotune.measure.levels import as_workload
-from autotune.measure.levels import check_concurrency
 from autotune.measure.levels import error_summary
 from autotune.measure.levels import level_metrics
 from autotune.measure.levels import raw_samples
 from autotune.measure.levels import run_level
+from autotune.measure.levels import validate_concurrency
 from autotune.measure.levels import warm_up
 from autotune.measure.load import LevelRun
 from autotune.measure.load import Outcome
@@ -41,7 +41,7 @@ from autotune.measure.types import Generator
 from autotune.trial.spec import WorkloadSpec
 
 __all__ = [
-    "WorkloadRun", "as_workload", "check_concurrency", "collect", "decode_tps",
+    "WorkloadRun", "as_workload", "validate_concurrency", "collect", "decode_tps",
     "generation_metrics", "level_metrics", "load_prompts", "prompt_sets", "run_workload",
     "summarize_run",
 ]
@@ -87,7 +87,7 @@ def collect(engine: Generator, workload: WorkloadSpec | dict) -> WorkloadRun:
     prompts = load_prompts(wl.prompts)
     level = wl.rate if wl.arrival == "poisson" else wl.concurrency
     if wl.arrival == "closed":
-        check_concurrency(engine, wl.concurrency)
+        validate_concurrency(engine, wl.concurrency)
     warm_up(engine, wl, prompts)
     run = run_level(engine, wl, prompts, level)
     if run.outcomes and not run.gens and run.errors[0].exc is not None:

@@ -25,7 +25,7 @@ import yaml
 from autotune.compose import compose
 from autotune.config import load_config
 from autotune.export import write_native
-from autotune.llama_server_flags import check_argv
+from autotune.llama_server_flags import argv_reasons
 from autotune.llama_server_flags import load
 from autotune.space import compile_space
 from autotune.trial.runner import stop_process
@@ -114,7 +114,7 @@ def test_llama_server_argv_uses_flags_of_the_shipped_llama_cpp(params: dict) -> 
 
     variants = {"m": {"path": "/m.gguf"}}
     argv = LlamaCppEngine.server_argv({"model": "m", **params}, {}, variants, "/m.gguf")
-    assert check_argv(argv) == []
+    assert argv_reasons(argv) == []
 
 
 @pytest.mark.parametrize(("argv", "problem"), [
@@ -126,7 +126,7 @@ def test_llama_server_argv_uses_flags_of_the_shipped_llama_cpp(params: dict) -> 
     (["llama-server", "--mlock"], "not a llama-server flag"),  # replaced by --load-mode
 ])
 def test_check_argv_finds_what_llama_server_would_refuse(argv: list[str], problem: str) -> None:
-    assert any(problem in p for p in check_argv(argv)), check_argv(argv)
+    assert any(problem in p for p in argv_reasons(argv)), argv_reasons(argv)
 
 
 def test_flag_table_is_that_of_the_installed_llama_cpp_python() -> None:

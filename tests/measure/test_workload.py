@@ -7,13 +7,13 @@ import pytest
 from autotune.engines.base import Engine
 from autotune.errors import InfeasibleConfig
 from autotune.measure.types import Generation
-from autotune.measure.workload import check_concurrency
 from autotune.measure.workload import collect
 from autotune.measure.workload import decode_tps
 from autotune.measure.workload import generation_metrics
 from autotune.measure.workload import load_prompts
 from autotune.measure.workload import prompt_sets
 from autotune.measure.workload import summarize_run
+from autotune.measure.workload import validate_concurrency
 
 
 def gen(prompt_tokens=100, output_tokens=5, times=(0.1, 0.2, 0.3, 0.4, 0.5), e2e=0.5, **kw):
@@ -107,8 +107,8 @@ def test_concurrency_runs_threads_and_refuses_single_stream():
                                      "repeats": 2, "concurrency": 3})
     assert len(run.gens) == 6 and run.concurrency == 3
     with pytest.raises(InfeasibleConfig, match="at most 1"):
-        check_concurrency(CountingEngine(max_concurrency=1), 2)
-    check_concurrency(CountingEngine(max_concurrency=1), 1)
+        validate_concurrency(CountingEngine(max_concurrency=1), 2)
+    validate_concurrency(CountingEngine(max_concurrency=1), 1)
 
 
 def test_llamacpp_declares_single_stream():
