@@ -40,16 +40,20 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def resolve(name: str, search: str = "single") -> str:
-    """The sampler ``study.sampler`` names; ``auto`` is gp (single search, torch present) or tpe."""
+def resolve(name: str, search: str = "single", has_torch: bool | None = None) -> str:
+    """The sampler ``study.sampler`` names; ``auto`` is gp (single search, torch present) or tpe.
+
+    ``has_torch`` defaults to whether torch is installed here.
+    """
     if name != "auto":
         return name
-    return "gp" if search == "single" and torch_available() else "tpe"
+    has_torch = torch_available() if has_torch is None else has_torch
+    return "gp" if search == "single" and has_torch else "tpe"
 
 
-def auto_note(name: str, search: str = "single") -> str | None:
+def auto_note(name: str, search: str = "single", has_torch: bool | None = None) -> str | None:
     """One line when ``auto`` falls back to TPE because torch is missing (None otherwise)."""
-    if name == "auto" and search == "single" and not torch_available():
+    if name == "auto" and resolve(name, search, has_torch) == "tpe" and search == "single":
         return "study.sampler=auto: torch is not installed, so TPE searches (GP needs pip install torch==2.13.0)"
     return None
 
@@ -73,9 +77,10 @@ def uses_design(name: str) -> bool:
 
 
 def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
-                 n_startup: int | None = None, search: str = "single") -> optuna.samplers.BaseSampler:
+                 n_startup: int | None = None, search: str = "single",
+                 has_torch: bool | None = None) -> optuna.samplers.BaseSampler:
     """Build the sampler named in ``study.sampler``; ``n_startup`` trials precede its model."""
-    name = resolve(name, search)
+    name = resolve(name, search, has_torch)
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     startup = max(4, min(10, n_trials // 3)) if n_startup is None else n_startup
     if name == "tpe":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune import samplers
 from autotune.config import StudyConfig
 from autotune.samplers import auto_note
 from autotune.samplers import make_sampler
@@ -39,10 +38,9 @@ def test_auto_is_gp_when_torch_is_installed():
     assert isinstance(make_sampler("auto", 0, None, 30, 8), optuna.samplers.GPSampler)
 
 
-def test_auto_falls_back_to_tpe_with_one_line_without_torch(monkeypatch):
-    monkeypatch.setattr(samplers, "torch_available", lambda: False)
-    assert resolve("auto", "single") == "tpe"
-    note = auto_note("auto", "single")
+def test_auto_falls_back_to_tpe_with_one_line_without_torch():
+    assert resolve("auto", "single", has_torch=False) == "tpe"
+    note = auto_note("auto", "single", has_torch=False)
     assert note is not None and "torch" in note and "\n" not in note
-    assert isinstance(make_sampler("auto", 0, None, 30, 8), optuna.samplers.TPESampler)
-    assert auto_note("tpe", "single") is None
+    assert isinstance(make_sampler("auto", 0, None, 30, 8, has_torch=False), optuna.samplers.TPESampler)
+    assert auto_note("tpe", "single", has_torch=False) is None
