@@ -92,13 +92,16 @@ def compare(pred: Prediction, metrics: dict[str, float]) -> dict[str, float]:
     RSS) and ``decode_bound_ratio`` (measured decode_tps / upper bound; > 1 means the bound
     was wrong)."""
     out: dict[str, float] = {}
-    measured = metrics.get("vram_peak_gb")
-    if measured is None and metrics.get("peak_rss_mb") is not None:
+    measured = None
+    if math.isfinite(metrics.get("vram_peak_gb", math.nan)):
+        measured = metrics["vram_peak_gb"]
+    elif math.isfinite(metrics.get("peak_rss_mb", math.nan)):
         measured = metrics["peak_rss_mb"] / 1024.0
     if pred.need_gb and measured:
         out["mem_pred_error_pct"] = 100.0 * (sum(pred.need_gb) - measured) / measured
-    if pred.decode_tps_upper and metrics.get("decode_tps"):
-        out["decode_bound_ratio"] = metrics["decode_tps"] / pred.decode_tps_upper
+    tps = metrics.get("decode_tps")
+    if pred.decode_tps_upper and tps and math.isfinite(tps):
+        out["decode_bound_ratio"] = tps / pred.decode_tps_upper
     return out
 
 

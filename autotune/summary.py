@@ -9,12 +9,13 @@ needed, decode speed upper bound) with what the trial then measured.
 from __future__ import annotations
 
 import dataclasses
-import math
 import statistics
 from dataclasses import dataclass
 from dataclasses import field
 from typing import Any
 
+from autotune.predict import Prediction
+from autotune.predict import compare
 from autotune.select import Record
 
 # keys of summary.json written only when known (older summaries lack them too)
@@ -78,25 +79,16 @@ class PredictionError:
     speed_over_bound: int = 0  # trials faster than their predicted upper bound (+5%)
 
 
-def _measured_gb(metrics: dict[str, float]) -> float | None:
-    if math.isfinite(metrics.get("vram_peak_gb", math.nan)):
-        return metrics["vram_peak_gb"]
-    if math.isfinite(metrics.get("peak_rss_mb", math.nan)):
-        return metrics["peak_rss_mb"] / 1024.0
-    return None
-
-
 def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionError | None:
     """``rows``: (prediction attrs ``need_gb``/``decode_tps_upper``, measured metrics) per trial."""
     mem, ratio = [], []
     for pred, metrics in rows:
-        need = pred.get("need_gb") or ()
-        got = _measured_gb(metrics)
-        if need and got:
-            mem.append(100.0 * abs(sum(need) - got) / got)
-        upper, tps = pred.get("decode_tps_upper"), metrics.get("decode_tps")
-        if upper and tps and math.isfinite(tps):
-            ratio.append(tps / upper)
+        c = compare(Prediction(need_gb=tuple(pred.get("need_gb") or ()),
+                               decode_tps_upper=pred.get("decode_tps_upper")), metrics)
+        if "mem_pred_error_pct" in c:
+            mem.append(abs(c["mem_pred_error_pct"]))
+        if "decode_bound_ratio" in c:
+            ratio.append(c["decode_bound_ratio"])
     if not mem and not ratio:
         return None
     return PredictionError(
