@@ -24,7 +24,7 @@ from autotune.trial.spec import ARRIVALS
 from autotune.trial.spec import LOADS
 from autotune.trial.spec import WorkloadSpec
 
-SAMPLERS = ("auto", "tpe", "gp", "nsga2", "random", "grid")
+SAMPLERS = ("auto", "bo", "tpe", "gp", "nsga2", "random", "grid")
 SEARCH_MODES = ("single", "pareto")
 SELECT_RULES = ("max", "knee", "weighted")
 

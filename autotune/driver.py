@@ -27,6 +27,8 @@ import yaml
 
 from autotune import export
 from autotune import study as studylib
+from autotune.bo import Pool
+from autotune.bo import build_pool
 from autotune.design import config_key
 from autotune.design import default_n_startup
 from autotune.design import startup_design
@@ -35,7 +37,6 @@ from autotune.launcher import Launcher
 from autotune.measure.quality import reference_ready
 from autotune.predict import Prediction
 from autotune.remeasure import choose_winner
-from autotune.samplers import auto_note
 from autotune.samplers import make_sampler
 from autotune.samplers import uses_design
 from autotune.select import pareto_front
@@ -121,6 +122,10 @@ class Driver:
         pred = self.predict(params)
         return (not self.cfg.study.precheck or pred.fits is not False), pred.decode_tps_upper
 
+    def pool(self) -> Pool:
+        """The launchable configurations (rules, engine check, fit prediction) for ``bo``."""
+        return build_pool(self.space, self._screen, self.cfg.study.seed)
+
     def n_startup(self) -> int:
         return self.cfg.study.n_startup if self.cfg.study.n_startup is not None \
             else default_n_startup(self.cfg.study.n_trials)
@@ -138,10 +143,8 @@ class Driver:
         cfg = self.cfg
         t0 = time.monotonic()
         sampler = make_sampler(cfg.study.sampler, cfg.study.seed, self.space, cfg.study.n_trials,
-                               self.n_startup(), cfg.study.search)
-        note = auto_note(cfg.study.sampler, cfg.study.search)
-        if note:
-            self.report.note(note)
+                               self.n_startup(), cfg.study.search, pool=self.pool,
+                               constraints=cfg.constraints)
         study, resumed = studylib.open_study(cfg, sampler)
         if not resumed:
             baseline = baseline_params(self.space, cfg.engine.variants)
@@ -202,6 +205,10 @@ class Driver:
                     self.report.warn(self.stop_reason)
             self._flush_logs()  # MLflow writes overlap with the trials just submitted
             if not self.pending:
+                if exhausted(study) and self.stop_reason is None and launched < cfg.study.n_trials:
+                    self.stop_reason = (f"stopped: every launchable configuration was measured "
+                                        f"({launched} of study.n_trials={cfg.study.n_trials})")
+                    self.report.note(self.stop_reason)
                 return
             ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
             if ready:  # tell everything already done before refilling

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from autotune.space import Space
 
 SAMPLER_NOTES = {
+    "bo": "bo (Gaussian process over the launchable configurations, speed prediction as prior)",
     "tpe": "tpe (multivariate, grouped for conditional parameters, constant liar)",
     "gp": "gp (Gaussian process, torch)",
     "nsga2": "nsga2 (genetic, multi-objective)",

@@ -50,7 +50,7 @@ METHODS = {  # name -> overrides on top of the preset (the preset leaves the def
     "random": ["study.sampler=random"],
     "tpe": ["study.sampler=tpe"],
     "tpe_pareto": ["study.sampler=tpe", "study.search=pareto"],
-    "gp": ["study.sampler=gp"],
+    "gp": ["study.sampler=gp"],  # Optuna's GPSampler after the design (the default before bo)
     "grid": ["study.sampler=grid"],
 }
 CHECKPOINTS = (10, 20, 30)

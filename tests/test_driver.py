@@ -117,6 +117,26 @@ def test_a_configuration_predicted_oom_is_never_started(local_ray, tmp_path, pre
         assert t1.user_attrs["kind"] == "launched" and 1 in _started(cfg), log
 
 
+def test_bo_never_proposes_what_the_driver_would_refuse_and_stops_when_all_ran(local_ray, tmp_path):
+    """bo scores only launchable configurations: of 3 x 3 here, y=0.3 on two GPUs breaks a
+    rule and gpus=3 is predicted OOM (28 GB each, a 24 GB card third), which leaves 5. A
+    budget of 8 measures each once, refuses nothing, repeats nothing and says why it stopped."""
+    space = {"x": {"type": "fixed", "value": 0.7},
+             "y": {"type": "categorical", "choices": [0.3, 0.5, 0.7]},
+             "gpus": {"type": "categorical", "choices": [1, 2, 3]},
+             "gpu_memory_gb": {"type": "fixed", "value": 28.0}}
+    cfg, space = _with_rules(fake_config(tmp_path, ["study.n_trials=8", "study.sampler=bo", *FAST],
+                                         space=space), ["y >= 0.4 or gpus == 1"])
+    summary, log = run_study(cfg, space)
+    trials = _trials(cfg)
+    assert [t.user_attrs["kind"] for t in trials] == ["launched"] * 5, log
+    assert summary["n_trials"] == 5 and summary["n_rejected"] == 0 and summary["n_duplicates"] == 0
+    ran = {(t.params["y"], t.params["gpus"]) for t in trials}
+    assert ran == {(0.3, 1), (0.5, 1), (0.5, 2), (0.7, 1), (0.7, 2)}
+    assert len(_started(cfg)) == 5
+    assert "every launchable configuration was measured (5 of study.n_trials=8)" in summary["stop_reason"]
+
+
 def test_resume_reruns_the_interrupted_configuration_without_spending_budget(local_ray, tmp_path):
     cfg, space = fake_config(tmp_path, ["study.n_trials=5", "space.duration_s.value=2.0",
                                         "ray.max_concurrent=1", "study.sampler=tpe"])

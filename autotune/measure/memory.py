@@ -18,6 +18,7 @@ it is reported separately as ``compute_reserved_mb`` and is not in ``total_mb``.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import struct
@@ -100,7 +101,14 @@ class ArrayLen(int):
 
 
 def gguf_shape(model_path: str | Path) -> dict:
-    """Architecture numbers the estimate needs, read from a GGUF header."""
+    """Architecture numbers the estimate needs, read from a GGUF header (once per file
+    version: a pre-launch prediction over thousands of configurations reads it once)."""
+    st = os.stat(model_path)
+    return dict(_gguf_shape(str(Path(model_path).resolve()), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _gguf_shape(model_path: str, _mtime_ns: int, _size: int) -> dict:
     meta = read_gguf_metadata(model_path)
     arch = meta.get("general.architecture")
     if not arch:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from autotune.measure.memory import KV_BYTES
+from autotune.measure.memory import _gguf_shape
 from autotune.measure.memory import estimate_llamacpp_mb
 from autotune.measure.memory import gguf_shape
 from autotune.measure.memory import kv_cache_mb
@@ -27,6 +28,22 @@ def test_header_metadata(gemma_path):
     shape = gguf_shape(gemma_path)
     assert (shape["n_layers"], shape["n_head_kv"], shape["key_length"]) == (18, 1, 256)
     assert shape["n_vocab"] == 262144
+
+
+def test_header_is_read_once_per_file_version(gemma_path, tmp_path):
+    """The pool of a study predicts thousands of configurations: one header read per file,
+    and a changed file is read again."""
+    copy = tmp_path / "m.gguf"
+    copy.write_bytes(open(gemma_path, "rb").read())
+    first = gguf_shape(copy)
+    before = _gguf_shape.cache_info()
+    first["n_layers"] = -1  # callers get a copy: mutating it does not touch the cache
+    assert gguf_shape(copy)["n_layers"] == 18
+    assert _gguf_shape.cache_info().hits == before.hits + 1
+    with open(copy, "ab") as f:
+        f.write(b"\0")  # another size: another version of the file
+    gguf_shape(copy)
+    assert _gguf_shape.cache_info().misses == before.misses + 1
 
 
 @pytest.mark.parametrize(("n_ctx", "mib"), sorted(LLAMACPP_KV_MIB.items()))
