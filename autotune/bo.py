@@ -199,7 +199,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
         if not len(free):
             return None
         row = {k: i for i, k in enumerate(pool.keys)}
-        launched = [t for t in trials if t.state == TrialState.COMPLETE
+        # a launch that failed before any succeeded is told FAIL (nothing to call worst yet)
+        launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
                     and t.user_attrs.get("kind") == "launched" and config_key(_params_of(t)) in row]
         ok = [t for t in launched if t.user_attrs.get("status") == "ok" and t.values]
         if len(launched) < self.n_startup or len(ok) < 2:
