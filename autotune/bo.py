@@ -184,31 +184,32 @@ class PoolSampler(optuna.samplers.BaseSampler):
         """Every launchable configuration has been proposed and nothing enqueued is left
         (the driver then ends the study)."""
         trials = study.get_trials(deepcopy=False)
-        return not any(t.state == TrialState.WAITING for t in trials) and not len(self._free(trials))
+        return not any(t.state == TrialState.WAITING for t in trials) and not len(self._free(_keys(trials)))
 
     # ---- the choice ------------------------------------------------------------------
-    def _free(self, trials: list[FrozenTrial]) -> np.ndarray:
-        told = {config_key(_params_of(t)) for t in trials}
+    def _free(self, keys: dict[int, str]) -> np.ndarray:
+        """Pool rows of the configurations no trial has proposed yet."""
+        told = set(keys.values())
         return np.array([i for i, k in enumerate(self.pool.keys) if k not in told], dtype=int)
 
     def choose(self, study: optuna.Study) -> dict[str, Any] | None:
         """The free pool configuration with the highest acquisition (None: none is left)."""
         pool = self.pool
         trials = study.get_trials(deepcopy=False)
-        free = self._free(trials)
+        keys = _keys(trials)
+        free = self._free(keys)
         if not len(free):
             return None
-        row = {k: i for i, k in enumerate(pool.keys)}
+        index = {k: i for i, k in enumerate(pool.keys)}
+        row = {n: index[k] for n, k in keys.items() if k in index}  # trial number -> pool row
         # a launch that failed before any succeeded is told FAIL (nothing to call worst yet)
         launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
-                    and t.user_attrs.get("kind") == "launched" and config_key(_params_of(t)) in row]
+                    and t.user_attrs.get("kind") == "launched" and t.number in row]
         ok = [t for t in launched if t.user_attrs.get("status") == "ok" and t.values]
         if len(launched) < self.n_startup or len(ok) < 2:
             return pool.params[int(self._rng.choice(free))]
-        running = [row[k] for k in (config_key(_params_of(t)) for t in trials if t.state == TrialState.RUNNING)
-                   if k in row]
-        rows_ok = np.array([row[config_key(_params_of(t))] for t in ok])
-        pending = pool.X[running]
+        pending = pool.X[[row[t.number] for t in trials if t.state == TrialState.RUNNING and t.number in row]]
+        rows_ok = np.array([row[t.number] for t in ok])
         seed = int(self._rng.integers(2**31))
         Xf = pool.X[free]
 
@@ -233,12 +234,12 @@ class PoolSampler(optuna.samplers.BaseSampler):
         log_ei = np.log(np.maximum(sd * (z * norm.cdf(z) + norm.pdf(z)), 1e-300))
         return pool.params[int(free[np.argmax(log_ei + log_pf)])]
 
-    def _log_p_feasible(self, ok: list[FrozenTrial], launched: list[FrozenTrial], row: dict[str, int],
+    def _log_p_feasible(self, ok: list[FrozenTrial], launched: list[FrozenTrial], row: dict[int, int],
                         pending: np.ndarray, Xf: np.ndarray, seed: int) -> np.ndarray:
         """log P(every constraint holds and the run succeeds) per free configuration."""
         out = np.zeros(len(Xf))
         for c in self.constraints:
-            seen = [(row[config_key(_params_of(t))], t.user_attrs["metrics"][c.metric])
+            seen = [(row[t.number], t.user_attrs["metrics"][c.metric])
                     for t in ok if c.metric in t.user_attrs.get("metrics", {})]
             z = np.array([c.violation(v) / max(abs(c.bound), 1e-9) for _, v in seen])
             if len(seen) < 2 or np.all(z < -0.5):
@@ -247,12 +248,13 @@ class PoolSampler(optuna.samplers.BaseSampler):
             out += norm.logcdf(-mu / sd)
         if any(t.user_attrs.get("status") != "ok" for t in launched):
             ran = np.array([1.0 if t.user_attrs.get("status") == "ok" else -1.0 for t in launched])
-            X = self.pool.X[[row[config_key(_params_of(t))] for t in launched]]
+            X = self.pool.X[[row[t.number] for t in launched]]
             mu, sd = _GP(X, ran, seed, pending).predict(Xf)
             out += norm.logcdf(mu / sd)
         return out
 
 
-def _params_of(t: FrozenTrial) -> dict[str, Any]:
-    """A trial's configuration: what the driver stored, else Optuna's (decoded) params."""
-    return t.user_attrs.get("params") or {k: decode(v) for k, v in t.params.items()}
+def _keys(trials: list[FrozenTrial]) -> dict[int, str]:
+    """Each trial's configuration key: from what the driver stored, else Optuna's params."""
+    return {t.number: config_key(t.user_attrs.get("params") or {k: decode(v) for k, v in t.params.items()})
+            for t in trials}

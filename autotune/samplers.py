@@ -54,6 +54,7 @@ def resolve(name: str, search: str = "single") -> str:
 
 def validate_sampler(name: str, space: Space, search: str = "single") -> None:
     """Refuse, before anything is written, a sampler that cannot search ``space``."""
+    name = resolve(name, search)
     if name == "gp" and not torch_available():
         raise ConfigError("study.sampler", name, "the GP sampler needs torch, which is not installed",
                           "Install it (pip install torch==2.13.0) or use sampler tpe")

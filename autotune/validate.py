@@ -10,7 +10,6 @@ from typing import Any
 from autotune.engines.base import get_engine_class
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
-from autotune.samplers import resolve
 from autotune.samplers import validate_sampler
 
 if TYPE_CHECKING:
@@ -78,7 +77,7 @@ def validate_all(cfg: Config, space: Space, baseline: dict[str, Any]) -> None:
     """Everything that can be checked without running a trial."""
     validate_quality(cfg, space)
     validate_timeouts(cfg)
-    validate_sampler(resolve(cfg.study.sampler, cfg.study.search), space, cfg.study.search)
+    validate_sampler(cfg.study.sampler, space, cfg.study.search)
     validate_enqueue(space, baseline, cfg.study.enqueue)
     validate_reference(cfg, space)
     max_conc = space.engine.max_concurrency
