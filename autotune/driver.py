@@ -30,6 +30,7 @@ from autotune import study as studylib
 from autotune.bo import Pool
 from autotune.bo import build_pool
 from autotune.design import config_key
+from autotune.design import FAST_SHARE
 from autotune.design import default_n_startup
 from autotune.design import startup_design
 from autotune.errors import ConfigError
@@ -38,6 +39,7 @@ from autotune.measure.quality import reference_ready
 from autotune.predict import Prediction
 from autotune.remeasure import choose_winner
 from autotune.samplers import make_sampler
+from autotune.samplers import resolve
 from autotune.samplers import uses_design
 from autotune.select import pareto_front
 from autotune.select import rank
@@ -136,7 +138,8 @@ class Driver:
         if not uses_design(st.sampler):
             return []
         queued = [baseline] + [self.space.restrict({**baseline, **e}) for e in st.enqueue]
-        return startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen)
+        return startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
+                              FAST_SHARE[resolve(st.sampler, st.search)])
 
     # ---- the loop ------------------------------------------------------------------
     def run(self) -> StudySummary:

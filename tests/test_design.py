@@ -67,7 +67,7 @@ def test_design_drops_points_predicted_not_to_fit_and_orders_by_predicted_speed(
     assert bounds == sorted(bounds, reverse=True)
     # the design is spread over the fastest third of the valid, fitting configurations
     pool = sorted((screen(p)[1] for p in _pool(space, 0, set()) if screen(p)[0]), reverse=True)
-    assert min(bounds) >= pool[int(len(pool) * FAST_SHARE) - 1]
+    assert min(bounds) >= pool[int(len(pool) * FAST_SHARE['tpe']) - 1]
     assert len({config_key(p) for p in design}) == 6
 
 
@@ -106,3 +106,27 @@ def test_from_unit(spec, knob, u, want):
 @pytest.mark.parametrize(("n_trials", "want"), [(1, 1), (5, 3), (12, 4), (16, 5), (20, 6), (30, 8), (100, 8)])
 def test_default_n_startup(n_trials, want):
     assert default_n_startup(n_trials) == want
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "bo"])
+def test_the_design_of_bo_spreads_over_every_fitting_configuration(sampler):
+    """tpe/gp start among the fastest-predicted third; bo, whose model takes the bound as a prior
+    with a fitted trust, starts over all of them (a design confined by the bound never shows
+    where the bound is wrong)."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.driver import Driver
+    from autotune.report import Reporter
+
+    cfg, space = _space(f"study.sampler={sampler}", "study.n_trials=16", "study.seed=0")
+    driver = Driver(cfg, space, None, None, Reporter(cfg, Console(file=io.StringIO())))
+    base = baseline_params(space, cfg.engine.variants)
+    design = driver.design(base)
+    assert len(design) == default_n_startup(16) - 1
+    bound = {config_key(p): driver._screen(p)[1] for p in _pool(space, 0, {config_key(base)})}
+    ranked = sorted(bound.values(), reverse=True)
+    cut = ranked[int(len(ranked) * FAST_SHARE["tpe"]) - 1]
+    below = [p for p in design if bound[config_key(p)] < cut]
+    assert (below == []) == (sampler == "tpe"), (sampler, len(below))
