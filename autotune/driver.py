@@ -29,8 +29,8 @@ from autotune import export
 from autotune import study as studylib
 from autotune.bo import Pool
 from autotune.bo import build_pool
+from autotune.design import FAST_PART
 from autotune.design import config_key
-from autotune.design import FAST_SHARE
 from autotune.design import default_n_startup
 from autotune.design import startup_design
 from autotune.errors import ConfigError
@@ -139,7 +139,7 @@ class Driver:
             return []
         queued = [baseline] + [self.space.restrict({**baseline, **e}) for e in st.enqueue]
         return startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
-                              FAST_SHARE[resolve(st.sampler, st.search)])
+                              FAST_PART[resolve(st.sampler, st.search)])
 
     # ---- the loop ------------------------------------------------------------------
     def run(self) -> StudySummary:

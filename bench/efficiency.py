@@ -214,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--surfaces", default=",".join(SURFACES))
     ap.add_argument("--methods", default=",".join(METHODS))
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds run are first-seed .. first-seed+seeds-1 (--merge pools runs by seed)")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=2, help="studies run in parallel")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 8 trials")
@@ -237,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="autotune-eff-"))
-    jobs = [(truths[s], m, seed) for seed in range(args.seeds) for s in surfaces for m in methods]
+    jobs = [(truths[s], m, seed) for seed in range(args.first_seed, args.first_seed + args.seeds)
+            for s in surfaces for m in methods]
     t0 = time.monotonic()
     if args.rescore:
         runs = [Run(t.name, m, seed, 0, 0.0, *score(t, out / t.name / m / f"s{seed}"))
