@@ -34,9 +34,9 @@ POOL = 256  # valid, distinct points the design is picked from
 # With a known speed bound everywhere, the fastest-predicted third holds FAST_PART of the design
 # and the rest spreads over every fitting configuration. bo takes the bound as its prior with a
 # fitted trust, and a design confined to where the bound is high cannot show where it is wrong
-# (the streamer's bound counts every drafted token as accepted). Median trials to 95% of the
-# optimum, 20 seeds in-process, exl2/streamer/llamacpp/cpu: third only 12/12/9.5/10, everywhere
-# 12/10/9.5/13, half and half 11/10/9.5/13.
+# (the streamer's bound counts every drafted token as accepted). bench/efficiency.py, median
+# trials to 95% of the optimum for bo over 20 seeds, exl2/streamer/llamacpp/cpu: fastest third
+# only 13/12/9.5/10.5, half and half 10/11.5/9/12.5 (cpu's bound is right, so it pays).
 FAST_SHARE = 1 / 3
 FAST_PART = {"bo": 0.5, "tpe": 1.0, "gp": 1.0}
 
