@@ -6,9 +6,11 @@ space with a conditional parameter; no trial runs.
 
 from __future__ import annotations
 
+import io
 import math
 
 import pytest
+from rich.console import Console
 
 from autotune.compose import compose
 from autotune.config import load_config
@@ -19,7 +21,9 @@ from autotune.design import config_key
 from autotune.design import default_n_startup
 from autotune.design import from_unit
 from autotune.design import startup_design
+from autotune.driver import Driver
 from autotune.engines.base import Knob
+from autotune.report import Reporter
 from autotune.space import baseline_params
 from autotune.space import compile_param
 from autotune.space import compile_space
@@ -114,13 +118,6 @@ def test_half_the_design_of_bo_spreads_beyond_the_fastest_predicted_third(sample
     """tpe/gp start among the fastest-predicted third; bo, whose model takes the bound as a prior
     with a fitted trust, starts half there and half over every fitting configuration (a design
     confined by the bound never shows where the bound is wrong)."""
-    import io
-
-    from rich.console import Console
-
-    from autotune.driver import Driver
-    from autotune.report import Reporter
-
     cfg, space = _space(f"study.sampler={sampler}", "study.n_trials=16", "study.seed=0")
     driver = Driver(cfg, space, None, None, Reporter(cfg, Console(file=io.StringIO())))
     base = baseline_params(space, cfg.engine.variants)
