@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.models import resolve_variant
+from autotune.engines.variants import resolve_variant
 from autotune.trial import TrialSpec
 from autotune.trial import run_trial
 

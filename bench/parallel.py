@@ -6,7 +6,7 @@ modes run the same durations in the same order. A trial reserves 1 fake GPU of a
 started with ``num_gpus=N``; the full per-trial cost is included: Ray worker start, the
 ``autotune.trial.worker`` subprocess, the command subprocess, SQLite tells.
 
-- async: the real :class:`autotune.driver.Driver` loop (refill as soon as one finishes).
+- async: the real :class:`autotune.run.driver.Driver` loop (refill as soon as one finishes).
 - batch: ask N, run N, wait for all N, tell them (what the Hydra Optuna sweeper does),
   built from the same driver methods so only the scheduling differs.
 Both use the real Placement, whose Ray workers are reused across trials (``max_calls=0``).
@@ -33,13 +33,13 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 from rich.console import Console  # noqa: E402
 
-from autotune.compose import compose  # noqa: E402
-from autotune.config import load_config  # noqa: E402
-from autotune.driver import Driver  # noqa: E402
-from autotune.placement import Placement  # noqa: E402
-from autotune.report import Reporter  # noqa: E402
-from autotune.space import compile_space  # noqa: E402
-from autotune.study import n_finished  # noqa: E402
+from autotune.config.compose import compose  # noqa: E402
+from autotune.config.schema import load_config  # noqa: E402
+from autotune.output.report import Reporter  # noqa: E402
+from autotune.record.study import n_finished  # noqa: E402
+from autotune.run.driver import Driver  # noqa: E402
+from autotune.run.placement import Placement  # noqa: E402
+from autotune.search.space import compile_space  # noqa: E402
 
 CODE = ("import time,json,sys; d=float(sys.argv[1]); time.sleep(d); "
         "print(json.dumps(dict(decode_tps=100.0/d, ttft_p95_ms=10.0*d)))")

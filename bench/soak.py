@@ -134,7 +134,7 @@ def ray_trial_workers(driver: int) -> list[int]:
 def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen: set,
                log) -> tuple[int | None, bool]:
     """One ``autotune run``; SIGKILL it after ``kill_after`` s. (exit code or None, worker killed)."""
-    # TMPDIR: the GPU lease files (autotune.cluster.LEASE_DIR) of this soak's trials live in
+    # TMPDIR: the GPU lease files (autotune.run.cluster.LEASE_DIR) of this soak's trials live in
     # the work dir, so leases held by other studies on the machine are not counted.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token",

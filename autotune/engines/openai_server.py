@@ -44,11 +44,11 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.variants import resolve_variant
 from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.errors import RequestRejected
 from autotune.measure.types import Generation
-from autotune.models import resolve_variant
 
 STOP_GRACE_S = 10.0
 

@@ -44,8 +44,9 @@ from autotune.engines.base import ENGINES
 from autotune.engines.base import Engine
 from autotune.engines.base import Resources
 from autotune.engines.base import get_engine_class
+from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
-from autotune.predict import Prediction
+from autotune.objectives import all_metrics
 from autotune.testing.procs import children_of
 from autotune.testing.procs import listening_ports
 from autotune.testing.procs import port_open
@@ -55,7 +56,6 @@ from autotune.trial.spec import QualitySpec
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 from autotune.trial.spec import WorkloadSpec
-from objectives import all_metrics
 
 SMALL_WORKLOAD = WorkloadSpec(name="contract", prompts="short", max_tokens=8, warmup=0, repeats=2)
 

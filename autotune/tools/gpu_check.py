@@ -33,7 +33,7 @@ from dataclasses import field
 from pathlib import Path
 
 from autotune._files import write_atomic
-from autotune.engines.exl2_ext import build_extension
+from autotune.engines.exllamav2.ext import build_extension
 from autotune.tools.make_tiny_llama import make_tiny_llama
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialResult

@@ -4,7 +4,7 @@ llama-cpp-python builds its own copy of llama.cpp (``vendor/llama.cpp`` in its s
 ships no ``llama-server``; the exported ``llama-server.sh`` must still use flags that the
 same llama.cpp accepts. This reads ``common/arg.cpp`` (every ``common_arg`` with the
 examples it applies to) and ``common/speculative.cpp`` (speculative types) and writes
-``autotune/data/llama_server_flags.json``, which :mod:`autotune.llama_server_flags` checks
+``autotune/engines/llamacpp/llama_server_flags.json``, which :mod:`autotune.engines.llamacpp.server_flags` checks
 exported command lines against. Regenerate it when llama-cpp-python is upgraded::
 
     pip download --no-deps --no-binary :all: llama-cpp-python==VERSION -d /tmp/lcp
@@ -21,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-from autotune.llama_server_flags import DATA
+from autotune.engines.llamacpp.server_flags import DATA
 
 _OPT = re.compile(r"add_opt\(common_arg\(")
 _NAMES = re.compile(r"\{\s*((?:\"[^\"]+\"\s*,?\s*)+)\}(?:\s*,\s*\{\s*((?:\"[^\"]+\"\s*,?\s*)+)\})?")

@@ -26,7 +26,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from autotune.models import resolve_variant
+from autotune.engines.variants import resolve_variant
 
 PROSE_TEMPLATES = (
     "Summarise the following passage in plain words.\n\n",

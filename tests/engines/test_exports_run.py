@@ -4,7 +4,7 @@
 - ``llama-server.sh``: every flag and value is one the llama.cpp that llama-cpp-python ships
   accepts (a real ``llama-server`` is started too where one is on PATH);
 - ``vllm-serve.sh``: starts the vLLM server of ``.venv-vllm`` and answers a completion;
-- ``tabbyapi.yml``: validates with TabbyAPI's config model (:mod:`autotune.tabby_schema`).
+- ``tabbyapi.yml``: validates with TabbyAPI's config model (:mod:`autotune.engines.exllamav2.tabby_schema`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.compose import compose
-from autotune.config import load_config
-from autotune.export import write_native
-from autotune.llama_server_flags import argv_reasons
-from autotune.llama_server_flags import load
-from autotune.space import compile_space
+from autotune.config.compose import compose
+from autotune.config.schema import load_config
+from autotune.engines.llamacpp.server_flags import argv_reasons
+from autotune.engines.llamacpp.server_flags import load
+from autotune.output.export import write_native
+from autotune.search.space import compile_space
 from autotune.trial.runner import stop_process
 from tests.engines.conftest import VLLM_PYTHON
 
@@ -110,7 +110,7 @@ def test_the_shipped_model_resolves_to_its_assembled_gguf(tmp_path: Path) -> Non
     {"use_mmap": False, "use_mlock": True},
 ])
 def test_llama_server_argv_uses_flags_of_the_shipped_llama_cpp(params: dict) -> None:
-    from autotune.engines.llamacpp import LlamaCppEngine
+    from autotune.engines.llamacpp.engine import LlamaCppEngine
 
     variants = {"m": {"path": "/m.gguf"}}
     argv = LlamaCppEngine.server_argv({"model": "m", **params}, {}, variants, "/m.gguf")
@@ -178,8 +178,8 @@ def test_vllm_serve_sh_starts_the_venv_server_and_answers(tmp_path: Path, tiny_l
 
 
 def test_tabbyapi_export_validates_with_tabbyapi_config_model(tmp_path: Path) -> None:
-    from autotune import tabby_schema
-    from autotune.engines.exllamav2 import ExLlamaV2Engine
+    from autotune.engines.exllamav2 import tabby_schema
+    from autotune.engines.exllamav2.engine import ExLlamaV2Engine
 
     gpus = {"gpus": [{"name": "RTX 5090", "memory_gb": 32}, {"name": "RTX 4090", "memory_gb": 24}]}
     variants = {"l70": {"path": "/models/Llama-3.1-70B-exl2-4.0bpw"}, "d": {"path": "/drafts/Llama-3.2-1B-exl2"}}

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.engines.llamacpp import LlamaCppEngine
-from autotune.engines.llamacpp_gpu import fa_pair_reasons
-from autotune.engines.llamacpp_gpu import visible_count
-from autotune.engines.llamacpp_gpu import visible_split
+from autotune.engines.llamacpp.engine import LlamaCppEngine
+from autotune.engines.llamacpp.gpu import fa_pair_reasons
+from autotune.engines.llamacpp.gpu import visible_count
+from autotune.engines.llamacpp.gpu import visible_split
 
 
 @pytest.mark.parametrize(

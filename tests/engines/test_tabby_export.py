@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.engines.exllamav2 import ExLlamaV2Engine
-from autotune.engines.exllamav2 import tabby_config
-from autotune.engines.exllamav2 import tabby_warnings
+from autotune.engines.exllamav2.engine import ExLlamaV2Engine
+from autotune.engines.exllamav2.engine import tabby_config
+from autotune.engines.exllamav2.engine import tabby_warnings
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "tabbyapi_config_sample.exl2-checkpoint.yml"
 HYDRA = {"gpus": [{"name": "RTX 5090", "memory_gb": 32}, {"name": "RTX 4090", "memory_gb": 24}]}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.vllm import VLLMEngine
-from autotune.engines.vllm import speculative_config
+from autotune.engines.vllm.engine import VLLMEngine
+from autotune.engines.vllm.engine import speculative_config
 from autotune.errors import InfeasibleConfig
 
 CPU = {"device": "cpu", "python": "/venv/bin/python"}

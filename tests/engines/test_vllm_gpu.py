@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.vllm import INFEASIBLE_LOG
-from autotune.engines.vllm import VLLMEngine
-from autotune.engines.vllm_gpu import VENV_PYTHON
-from autotune.engines.vllm_gpu import accept_rate
-from autotune.engines.vllm_gpu import batch_defaults
-from autotune.engines.vllm_gpu import choose_python
-from autotune.engines.vllm_gpu import python_reasons
-from autotune.engines.vllm_gpu import spec_counters
-from autotune.engines.vllm_gpu import vllm_build
+from autotune.engines.vllm.engine import INFEASIBLE_LOG
+from autotune.engines.vllm.engine import VLLMEngine
+from autotune.engines.vllm.gpu import VENV_PYTHON
+from autotune.engines.vllm.gpu import accept_rate
+from autotune.engines.vllm.gpu import batch_defaults
+from autotune.engines.vllm.gpu import choose_python
+from autotune.engines.vllm.gpu import python_reasons
+from autotune.engines.vllm.gpu import spec_counters
+from autotune.engines.vllm.gpu import vllm_build
 from autotune.errors import ConfigError
 
 

@@ -28,12 +28,12 @@ os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 from rich.console import Console  # noqa: E402
 
-from autotune.compose import compose  # noqa: E402
-from autotune.config import Config  # noqa: E402
-from autotune.config import load_config  # noqa: E402
+from autotune.config.compose import compose  # noqa: E402
+from autotune.config.schema import Config  # noqa: E402
+from autotune.config.schema import load_config  # noqa: E402
 from autotune.engines.fake import read_records  # noqa: E402
-from autotune.space import Space  # noqa: E402
-from autotune.space import compile_space  # noqa: E402
+from autotune.search.space import Space  # noqa: E402
+from autotune.search.space import compile_space  # noqa: E402
 from tests.helpers.procs import process_alive  # noqa: E402
 
 RAY_INIT = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING"}
@@ -62,9 +62,9 @@ def fake_config(tmp: Path, overrides: list[str] = (), space: dict | None = None,
 
 def run_study(cfg: Config, space: Space) -> tuple[dict[str, Any], str]:
     """Run the real driver on the Ray already initialised; (summary, console output)."""
-    from autotune.driver import Driver
-    from autotune.placement import Placement
-    from autotune.report import Reporter
+    from autotune.output.report import Reporter
+    from autotune.run.driver import Driver
+    from autotune.run.placement import Placement
 
     out = io.StringIO()
     placement = Placement(cfg.ray)
@@ -79,8 +79,8 @@ def study_records(cfg: Config):
     """(finished trial count, records by number) read back from the Optuna storage."""
     import optuna
 
-    from autotune.study import n_finished
-    from autotune.study import records
+    from autotune.record.study import n_finished
+    from autotune.record.study import records
 
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.storage_url)
     return n_finished(study), {r.number: r for r in records(study)}

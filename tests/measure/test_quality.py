@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.engines.llamacpp import LlamaCppEngine
+from autotune.engines.llamacpp.engine import LlamaCppEngine
 from autotune.measure.quality import load_text
 from autotune.measure.quality import log_softmax
 from autotune.measure.quality import perplexity

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from autotune.engines.exl2_pump import JobPump
-from autotune.engines.exllamav2 import generation_from_results
+from autotune.engines.exllamav2.engine import generation_from_results
+from autotune.engines.exllamav2.pump import JobPump
 from autotune.engines.fake import FakeEngine
 from autotune.measure.slo import LevelVerdict
 from autotune.measure.slo import search_levels

@@ -112,7 +112,7 @@ def test_concurrency_runs_threads_and_refuses_single_stream():
 
 
 def test_llamacpp_declares_single_stream():
-    from autotune.engines.llamacpp import LlamaCppEngine
+    from autotune.engines.llamacpp.engine import LlamaCppEngine
 
     assert LlamaCppEngine.max_concurrency == 1
 

@@ -6,9 +6,9 @@ import pytest
 
 from autotune.measure.types import Generation
 from autotune.measure.workload import generation_metrics
-from objectives import all_metrics
-from objectives import get_metric
-from objectives import register_metric
+from autotune.objectives import all_metrics
+from autotune.objectives import get_metric
+from autotune.objectives import register_metric
 
 QUALITY = ("ppl", "ppl_delta", "ppl_delta_pct", "kld_mean", "kld_p99", "same_top_pct")
 ENGINE = ("load_s", "peak_rss_mb", "mem_estimate_mb", "vram_peak_gb", "greedy_match",

@@ -40,7 +40,7 @@ def test_plain_mappings_become_records_with_the_schema_defaults(tmp_path):
 
 
 def test_the_config_section_is_the_record():
-    from autotune.config import WorkloadConfig
+    from autotune.config.schema import WorkloadConfig
 
     assert WorkloadConfig is WorkloadSpec
 

@@ -1,0 +1,89 @@
+"""llama.cpp's pre-launch estimate: RAM and VRAM per GPU from the GGUF header, and a decode bound.
+
+The function takes the engine's *full* parameters (defaults, fixed settings and the trial's
+values merged) and returns a :class:`~autotune.engines.predict.Prediction` without loading a model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from autotune.engines.llamacpp.gguf_memory import MIB
+from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
+from autotune.engines.predict import GIB
+from autotune.engines.predict import GPU_OVERHEAD_GB
+from autotune.engines.predict import Prediction
+from autotune.engines.predict import as_dict
+from autotune.engines.predict import decode_bound
+from autotune.engines.predict import gpu_table
+from autotune.engines.predict import ram_available_gb
+from autotune.engines.predict import ram_bandwidth_gbps
+from autotune.engines.predict import verdict
+
+# approximate bits per weight of llama.cpp file types, to size a variant not yet made
+FTYPE_BPW = {0: 32.0, 1: 16.0, 2: 4.5, 3: 5.0, 7: 8.5, 8: 5.5, 9: 6.0, 10: 3.35, 11: 3.5,
+             12: 3.9, 13: 4.3, 14: 4.6, 15: 4.85, 16: 5.5, 17: 5.7, 18: 6.56, 25: 4.5, 30: 4.25}
+
+
+def gguf_file(name: str, variants: dict) -> tuple[Path | None, float]:
+    """A variant's GGUF file without making it, and a size factor (1.0 when exact).
+
+    A recipe variant not made yet is sized from its base file, scaled by bits per weight.
+    """
+    from autotune.engines.variants import QUANT_TYPES
+    from autotune.engines.variants import made_variant_file
+    from autotune.engines.variants import quantized_file
+
+    v = variants.get(name) or {}
+    if "recipe" not in v:
+        return made_variant_file(name, variants), 1.0
+    base, _ = gguf_file(v.get("base", ""), variants)
+    if base is None:
+        return None, 1.0
+    made = quantized_file(base, v["recipe"])
+    if made.exists():
+        return made, 1.0
+    from autotune.engines.llamacpp.gguf_memory import read_gguf_metadata
+
+    base_ft = int(read_gguf_metadata(base).get("general.file_type", 15))
+    want = FTYPE_BPW.get(QUANT_TYPES[v["recipe"]["ftype"]][0], 4.85)
+    return base, want / FTYPE_BPW.get(base_ft, 4.85)
+
+
+def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
+    """RAM (CPU part) and VRAM per GPU (offloaded layers, KV, compute buffer) + decode bound."""
+    settings = as_dict(settings)
+    path, factor = gguf_file(p.get("model", ""), variants)
+    if path is None or not path.exists():
+        return Prediction()
+    est = estimate_llamacpp_mb(path, int(p.get("n_ctx") or 0), p.get("type_k", "f16"),
+                               p.get("type_v", "f16"), n_ubatch=int(p.get("n_ubatch") or 512),
+                               logits_all=p.get("draft", "none") != "none")
+    weights = est["weights_mb"] * factor * MIB / GIB
+    kv = est["kv_mb"] * MIB / GIB
+    n_layers = est["n_layers"]
+    ngl = int(p.get("n_gpu_layers") or 0)
+    on_gpu = 1.0 if ngl < 0 else min(ngl, n_layers + 1) / (n_layers + 1)
+    cpu_need = weights * (1 - on_gpu) + (kv if ngl == 0 or not p.get("offload_kqv", True) else 0.0)
+    cpu_need += (est["logits_mb"] + est["runtime_mb"]) * MIB / GIB
+    cpu_bw = ram_bandwidth_gbps(settings)
+    if not ngl:
+        upper = decode_bound([(weights * GIB, cpu_bw)])
+        return verdict([cpu_need], [ram_available_gb()], ["RAM"], upper)
+    gpus = gpu_table(settings)
+    if not gpus:
+        return Prediction(reason="n_gpu_layers > 0 but no GPU is known (engine.settings.gpus)")
+    split = [float(x) for x in p.get("tensor_split") or []] or [1.0]
+    if p.get("split_mode") == "none":
+        split = [1.0 if i == int(p.get("main_gpu") or 0) else 0.0 for i in range(len(gpus))]
+    split = (split + [0.0] * len(gpus))[: len(gpus)]
+    total = sum(split) or 1.0
+    gpu_kv = kv * on_gpu if p.get("offload_kqv", True) else 0.0
+    compute = est["compute_reserved_mb"] * MIB / GIB
+    need = [(weights * on_gpu + gpu_kv) * s / total + (GPU_OVERHEAD_GB + compute if s else 0.0)
+            for s in split]
+    parts = [(weights * (1 - on_gpu) * GIB, cpu_bw)]
+    parts += [(weights * on_gpu * s / total * GIB, g.get("bandwidth_gbps")) for s, g in zip(split, gpus)]
+    labels = ["RAM"] + [f"GPU {i}" for i in range(len(gpus))]
+    return verdict([cpu_need] + need, [ram_available_gb()] + [float(g["memory_gb"]) for g in gpus],
+                   labels, decode_bound(parts))

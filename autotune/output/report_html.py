@@ -1,0 +1,234 @@
+"""``report.html`` and PNG plots of a study, from its Optuna storage and ``summary.json``.
+
+The plots are Optuna's own (``optuna.visualization``: Pareto front, optimization history,
+parameter importances) drawn on an in-memory copy of the study that holds only the
+trials that were measured, so failed and rule-refused trials (told to Optuna with the worst
+values, see :mod:`autotune.record.study`) do not appear as points. The winner and the baseline are
+marked on the Pareto front. The page is self-contained (plotly.js inline) and also lists
+every trial with its status and reason, the constraints and the noise verdict. PNGs are
+written by kaleido (it drives a headless Chromium); without one the PNGs are skipped with
+a note and the HTML is still written.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from pathlib import Path
+from typing import Any
+
+import optuna
+import plotly.graph_objects as go
+from optuna.trial import TrialState
+
+from autotune._files import write_atomic
+from autotune.objectives import get_metric
+from autotune.record.studies import load_study
+from autotune.record.studies import read_config
+from autotune.record.studies import read_summary
+
+FIG_W, FIG_H = 900, 520
+
+
+def _label(metric: str) -> str:
+    unit = get_metric(metric).unit
+    return f"{metric} ({unit})" if unit else metric
+
+
+def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("status") == "ok"]
+
+
+def _feasible(t: optuna.trial.FrozenTrial) -> bool:
+    return all(v <= 0 for v in (getattr(t, "constraints", None) or {}).values())
+
+
+def _copy(study: optuna.Study, metrics: list[str]) -> tuple[optuna.Study, list[int]]:
+    """In-memory study whose values are ``metrics`` (from the trials' measured metrics).
+
+    Measured trials with a finite value for every metric are copied with their parameters
+    and constraints (so Optuna's plots tell feasible from infeasible); every other trial
+    becomes a FAIL placeholder, which Optuna's plots skip, so trial numbers stay the study's.
+    Returns the copy and the numbers of the copied trials.
+    """
+    mem = optuna.create_study(directions=[get_metric(m).direction for m in metrics])
+    measured = {t.number: t for t in _measured(study)}
+    numbers = []
+    for number in range(max((t.number for t in study.get_trials(deepcopy=False)), default=-1) + 1):
+        t = measured.get(number)
+        m = t.user_attrs.get("metrics", {}) if t else {}
+        if t is not None and all(math.isfinite(m.get(k, math.nan)) for k in metrics):
+            mem.add_trial(optuna.trial.create_trial(
+                values=[m[k] for k in metrics], params=t.params, distributions=t.distributions,
+                user_attrs=t.user_attrs, constraints=dict(getattr(t, "constraints", None) or {})))
+            numbers.append(number)
+        else:
+            mem.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
+    return mem, numbers
+
+
+def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None) -> go.Figure | None:
+    """Optuna's Pareto front of the measured trials, winner and baseline starred."""
+    if len(objectives) < 2:
+        return None
+    mem, numbers = _copy(study, objectives[:2])
+    if not numbers:
+        return None
+    fig = optuna.visualization.plot_pareto_front(mem, target_names=[_label(o) for o in objectives[:2]])
+    by_number = {t.number: t for t in mem.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE}
+    marks = [(winner, "winner = baseline" if winner == 0 else "winner", "gold")]
+    if winner != 0:
+        marks.insert(0, (0, "baseline", "#444"))
+    for number, name, color in marks:
+        t = by_number.get(number) if number is not None else None
+        if t is not None:
+            fig.add_trace(go.Scatter(
+                x=[t.values[0]], y=[t.values[1]], mode="markers+text", name=f"{name} #{number}",
+                text=[f"{name} #{number}"], textposition="top center",
+                marker={"symbol": "star", "size": 18, "color": color, "line": {"width": 1, "color": "black"}}))
+    fig.update_layout(title="Pareto front of the measured trials (stars: winner, baseline = trial 0)",
+                      legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0})
+    return fig
+
+
+def history_figure(study: optuna.Study, metric: str) -> go.Figure | None:
+    """Optuna's optimization history of the selection metric: best feasible value so far."""
+    mem, numbers = _copy(study, [metric])
+    if not numbers:
+        return None
+    fig = optuna.visualization.plot_optimization_history(mem, target_name=_label(metric))
+    fig.update_layout(title=f"{metric}: every measured trial and the best feasible so far",
+                      xaxis_title="trial")
+    fig.update_xaxes(dtick=max(1, math.ceil(len(mem.trials) / 20)))  # whole trial numbers
+    return fig
+
+
+def importance_figure(study: optuna.Study, metric: str) -> go.Figure | None:
+    """Optuna's parameter importances (fANOVA) for the selection metric over measured trials."""
+    mem, numbers = _copy(study, [metric])
+    if len(numbers) < 3:
+        return None
+    try:
+        fig = optuna.visualization.plot_param_importances(mem, target_name=_label(metric))
+    except (ValueError, RuntimeError):  # too few distinct values to fit importances
+        return None
+    fig.update_layout(title=f"Which knob mattered for {metric} (fANOVA importance)")
+    return fig
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return "-" if not math.isfinite(v) else f"{v:.4g}"
+    return html.escape("-" if v is None else str(v))
+
+
+def trials_table(study: optuna.Study, metrics: list[str]) -> str:
+    """Every trial: number, status, feasible, reason, the main metrics and the parameters."""
+    head = ["#", "status", "feasible", *[_label(m) for m in metrics], "parameters", "reason"]
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        status = t.user_attrs.get("status") or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
+        ok = status == "ok" and t.state == TrialState.COMPLETE and _feasible(t)
+        m = t.user_attrs.get("metrics", {})
+        params = t.user_attrs.get("params") or t.params
+        cells = [str(t.number), status, "yes" if ok else "no", *[_cell(m.get(k)) for k in metrics],
+                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(t.user_attrs.get("reason", ""))]
+        rows.append(f"<tr class='{html.escape(status)}'>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    return ("<table id='trials'><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
+            + "</tr></thead><tbody>" + "\n".join(rows) + "</tbody></table>")
+
+
+def verdict_html(summary: dict | None, constraints: list[str], metric: str) -> str:
+    """Constraints, speed-up and noise verdicts from summary.json."""
+    cons = "".join(f"<li><code>{html.escape(c)}</code></li>" for c in constraints) or "<li>none</li>"
+    out = [f"<h2>Constraints</h2><ul>{cons}</ul>", "<h2>Verdict</h2>"]
+    if summary is None:
+        return "".join(out) + "<p>The study has not ended: no re-measurement or noise verdict yet.</p>"
+    if summary.get("interrupted"):
+        out.append("<p class='warn'>The study was interrupted: the winner comes from the search, not "
+                   "re-measured.</p>")
+    win, base = summary.get("winner"), summary.get("baseline")
+    if win is None:
+        out.append(f"<p>No feasible configuration. {html.escape(summary.get('note') or '')}</p>")
+    else:
+        sp = summary.get("speedup")
+        noise = summary.get("speedup_within_noise")
+        out.append(f"<p>Winner: trial <b>#{win['number']}</b>" + (f", baseline trial #{base['number']}" if base else "")
+                   + (f"; speed-up in {html.escape(metric)}: <b>{sp:.2f}x</b> ({html.escape(str(summary.get('speedup_source') or ''))})"
+                      if sp is not None else "")
+                   + ("; <span class='warn'>within noise</span>" if noise else ("; outside noise" if noise is False else ""))
+                   + "</p>")
+        if summary.get("lead_within_noise") is not None:
+            out.append(f"<p>Lead over the runner-up #{summary.get('runner_up')}: "
+                       + ("<span class='warn'>within noise</span>" if summary["lead_within_noise"] else "outside noise")
+                       + " (bootstrap 95% CI of the difference of medians).</p>")
+    rem = summary.get("remeasured")
+    if rem:
+        rows = "".join(f"<tr><td>#{n}</td><td>{_cell(v['median'])}</td><td>{_cell(v['ci95'][0])} - {_cell(v['ci95'][1])}"
+                       f"</td><td>{v['n']}</td></tr>" for n, v in rem["by_trial"].items())
+        out.append(f"<p>Re-measured side by side ({html.escape(_label(rem['metric']))}):</p><table><tr><th>trial</th>"
+                   f"<th>median</th><th>95% CI</th><th>samples</th></tr>{rows}</table>")
+    for w in summary.get("warnings") or []:
+        out.append(f"<p class='warn'>warning: {html.escape(w)}</p>")
+    return "".join(out)
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}
+tr.failed td,tr.timeout td{background:#fde8e8}tr.infeasible td{background:#fff6dd}.warn{color:#a15c00}
+.plot{margin:1em 0}.missing{color:#777;font-style:italic}"""
+
+
+def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
+    """Write ``report.html`` (and ``<plot>.png`` files) for the study in ``path``; returns them."""
+    import plotly.offline
+
+    config = read_config(path)
+    study = load_study(path, config)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no feasible trials" is in the page
+    summary = read_summary(path)
+    objectives = [o if isinstance(o, str) else o["metric"] for o in config["objectives"]]
+    metric = (config.get("select") or {}).get("metric", objectives[0])
+    winner = (summary or {}).get("winner") or {}
+    figs = {"pareto": pareto_figure(study, objectives, winner.get("number")),
+            "history": history_figure(study, metric), "importance": importance_figure(study, metric)}
+    parts = []
+    for name, fig in figs.items():
+        if fig is None:
+            parts.append(f"<p class='missing' id='{name}-missing'>{name}: not enough measured trials yet</p>")
+        else:
+            fig.update_layout(width=FIG_W, height=FIG_H)
+            parts.append(f"<div class='plot'>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)}</div>")
+    name = html.escape(config["study"]["name"])
+    metrics = list(dict.fromkeys([metric, *objectives]))
+    page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autotune report: {name}</title>"
+            f"<style>{CSS}</style><script>{plotly.offline.get_plotlyjs()}</script></head><body>"
+            f"<h1>autotune study {name}</h1><p>engine {html.escape(config['engine']['kind'])}; "
+            f"{len(study.trials)} trials recorded (budget {config['study'].get('n_trials')} launched); objectives "
+            + ", ".join(html.escape(_label(o)) for o in objectives) + "</p>"
+            + "".join(parts) + verdict_html(summary, [str(c) for c in config.get("constraints") or []], metric)
+            + "<h2>Every trial</h2>" + trials_table(study, metrics) + "</body></html>")
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "report.html"]
+    write_atomic(files[0], page)
+    files[0].chmod(0o644)
+    if png:
+        files += write_pngs({k: f for k, f in figs.items() if f is not None}, out)
+    return files
+
+
+def write_pngs(figs: dict[str, go.Figure], out: Path) -> list[Path]:
+    """PNG of each figure through kaleido (headless Chromium); [] with a warning if it cannot."""
+    import plotly.io as pio
+
+    paths = [out / f"{name}.png" for name in figs]
+    try:
+        pio.write_images(list(figs.values()), paths, width=FIG_W, height=FIG_H)
+    except Exception as e:  # noqa: BLE001 - no Chromium / kaleido: the HTML still stands
+        import sys
+
+        print(f"warning: PNGs skipped ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
+              file=sys.stderr)
+        return []
+    return paths

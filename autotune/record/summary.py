@@ -1,0 +1,153 @@
+"""Typed end-of-study records: the winner's :class:`Verdict` and the :class:`StudySummary`.
+
+Both are frozen dataclasses; ``summary.json`` stays their on-disk form (``to_dict`` /
+``from_dict`` round-trip, optional verdict keys are left out when unknown, as before).
+:func:`prediction_error` compares what the engine predicted before each launch (memory
+needed, decode speed upper bound) with what the trial then measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from dataclasses import dataclass
+from dataclasses import field
+from typing import Any
+
+from autotune.engines.predict import Prediction
+from autotune.engines.predict import compare
+from autotune.search.select import Record
+
+# keys of summary.json written only when known (older summaries lack them too)
+_OPTIONAL = ("remeasured", "lead_within_noise", "runner_up", "speedup", "speedup_source",
+             "speedup_within_noise", "note", "stop_reason", "prediction")
+
+
+def _record(data: dict | None) -> Record | None:
+    if data is None:
+        return None
+    names = {f.name for f in dataclasses.fields(Record)}
+    return Record(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Remeasurement:
+    """What the side-by-side re-measurement says: medians, the speed-up and how sure it is.
+
+    Shared by :class:`Verdict` (what ``choose_winner`` returns) and :class:`StudySummary`
+    (where the driver copies it, under the same keys of ``summary.json``).
+    """
+
+    remeasured: dict | None = None  # {"metric": NAME, "by_trial": {n: {median, ci95, n}}}
+    lead_within_noise: bool | None = None
+    runner_up: int | None = None
+    speedup: float | None = None
+    speedup_source: str | None = None
+    speedup_within_noise: bool | None = None
+    note: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict(Remeasurement):
+    """The winner chosen on re-measured numbers, and how sure that choice is."""
+
+    winner: Record | None = None
+    baseline_remeasured: Record | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for key in ("winner", "baseline_remeasured"):
+            out[key] = dataclasses.asdict(out[key]) if out[key] is not None else None
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Verdict:
+        kw = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
+        kw["winner"], kw["baseline_remeasured"] = _record(kw["winner"]), _record(kw["baseline_remeasured"])
+        return cls(**kw)
+
+
+@dataclass(frozen=True)
+class PredictionError:
+    """Pre-launch predictions vs measurements over the launched trials that ran."""
+
+    n_memory: int = 0
+    memory_error_pct_median: float | None = None  # |predicted - measured| / measured
+    memory_error_pct_max: float | None = None
+    n_speed: int = 0
+    speed_ratio_median: float | None = None  # measured decode_tps / predicted upper bound
+    speed_over_bound: int = 0  # trials faster than their predicted upper bound (+5%)
+
+
+def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionError | None:
+    """``rows``: (prediction attrs ``need_gb``/``decode_tps_upper``, measured metrics) per trial."""
+    mem, ratio = [], []
+    for pred, metrics in rows:
+        c = compare(Prediction(need_gb=tuple(pred.get("need_gb") or ()),
+                               decode_tps_upper=pred.get("decode_tps_upper")), metrics)
+        if "mem_pred_error_pct" in c:
+            mem.append(abs(c["mem_pred_error_pct"]))
+        if "decode_bound_ratio" in c:
+            ratio.append(c["decode_bound_ratio"])
+    if not mem and not ratio:
+        return None
+    return PredictionError(
+        n_memory=len(mem),
+        memory_error_pct_median=round(statistics.median(mem), 1) if mem else None,
+        memory_error_pct_max=round(max(mem), 1) if mem else None,
+        n_speed=len(ratio),
+        speed_ratio_median=round(statistics.median(ratio), 3) if ratio else None,
+        speed_over_bound=sum(r > 1.05 for r in ratio),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StudySummary(Remeasurement):
+    """Everything ``summary.json`` holds: counts, baseline vs winner, verdict, warnings.
+
+    ``n_trials`` counts launched configurations (the budget); proposals refused before
+    launch (``n_rejected``) and repeats of a measured configuration (``n_duplicates``)
+    are counted apart.
+    """
+
+    study: str
+    engine: str
+    interrupted: bool
+    search: str = "single"
+    n_trials: int = 0
+    n_rejected: int = 0
+    n_duplicates: int = 0
+    n_feasible: int = 0
+    n_failed: int = 0
+    n_infeasible: int = 0
+    elapsed_s: float = 0.0
+    objectives: list[str] = field(default_factory=list)
+    constraints: list[str] = field(default_factory=list)
+    workload: dict = field(default_factory=dict)
+    baseline: Record | None = None
+    winner: Record | None = None
+    pareto: list[int] = field(default_factory=list)
+    winner_metrics: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    stop_reason: str | None = None
+    prediction: PredictionError | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _OPTIONAL and value is None:
+                continue
+            if isinstance(value, (Record, PredictionError)):
+                value = dataclasses.asdict(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StudySummary:
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        kw["baseline"], kw["winner"] = _record(kw.get("baseline")), _record(kw.get("winner"))
+        if kw.get("prediction") is not None:
+            kw["prediction"] = PredictionError(**kw["prediction"])
+        return cls(**kw)

@@ -1,0 +1,362 @@
+"""The ask/tell loop: ask -> check -> place on Ray -> wait for one -> tell + log -> refill.
+
+Up to N trials are in flight (``ray.max_concurrent`` or what the cluster holds); as soon as
+one finishes it is told and the next is asked for, with no batch barrier. Every wait has a
+timeout, so a lost worker costs one trial, never the study.
+
+``study.n_trials`` counts launched configurations. A proposal that breaks a rule, that the
+engine predicts will not fit (``study.precheck``) or that the cluster can never hold is
+told infeasible without starting anything and the sampler is asked again; a proposal
+equal to a measured configuration is told that configuration's result. Neither counts;
+``study.max_rejected`` such proposals in a row end the study with a one-line reason.
+A trial cut off by a stop is re-queued on resume and does not count either.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from typing import Any
+
+import yaml
+
+from autotune.engines.predict import Prediction
+from autotune.errors import ConfigError
+from autotune.measure.quality import reference_ready
+from autotune.objectives import get_metric
+from autotune.output import export
+from autotune.record import study as studylib
+from autotune.record.summary import StudySummary
+from autotune.record.summary import Verdict
+from autotune.record.summary import prediction_error
+from autotune.record.tracking import PARENT_ATTR
+from autotune.run.launcher import Launcher
+from autotune.run.remeasure import choose_winner
+from autotune.search.bo import Pool
+from autotune.search.bo import build_pool
+from autotune.search.design import FAST_PART
+from autotune.search.design import config_key
+from autotune.search.design import default_n_startup
+from autotune.search.design import startup_design
+from autotune.search.samplers import make_sampler
+from autotune.search.samplers import resolve
+from autotune.search.samplers import uses_design
+from autotune.search.select import pareto_front
+from autotune.search.select import rank
+from autotune.search.space import baseline_params
+from autotune.trial.spec import TrialResult
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.config.schema import Config
+    from autotune.output.report import Reporter
+    from autotune.record.tracking import Tracker
+    from autotune.run.placement import Placement
+    from autotune.search.select import Record
+    from autotune.search.space import Space
+
+LOST_GRACE_S = 120.0
+REJECTED_PER_TRIAL = 20  # default study.max_rejected: this many x n_trials in a row
+
+
+@dataclass(frozen=True)
+class PendingTrial:
+    """A launched trial in flight: its Optuna trial, parameters, deadline and identity."""
+
+    trial: optuna.Trial
+    params: dict[str, Any]
+    deadline: float
+    key: str
+
+
+class Driver:
+    """Runs one study. Holds the Optuna study, the launcher (Ray placement) and the tracker."""
+
+    def __init__(self, cfg: Config, space: Space, placement: Placement, tracker: Tracker | None,
+                 reporter: Reporter) -> None:
+        self.cfg = cfg
+        self.space = space
+        self.placement = placement
+        self.launcher = Launcher(cfg, space.engine, placement)
+        self.tracker = tracker
+        self.report = reporter
+        self.pending: dict[Any, PendingTrial] = {}
+        self.measured: dict[str, Record] = {}  # config key -> its launched, finished record
+        self.stop_reason: str | None = None
+        self._unlogged: list[tuple] = []
+        self.dir = Path(cfg.study.dir)
+
+    # ---- before the loop -------------------------------------------------------------
+    def ensure_reference(self) -> None:
+        """Measure the quality reference once per study (cached by what defines it)."""
+        if not self.cfg.quality.enabled:
+            return
+        base = self.space.engine.default_params(self.cfg.engine.settings, self.cfg.engine.variants)
+        params = {**base, **self.cfg.quality.reference}
+        model = params.get("model")
+        key = json.dumps([params, self.cfg.engine.variants.get(model), self.cfg.quality.text,
+                          self.cfg.quality.n_tokens], sort_keys=True, default=str)
+        ref_dir = (self.dir / "reference" / hashlib.sha256(key.encode()).hexdigest()[:12]).resolve()
+        self.launcher.set_reference(str(ref_dir))
+        if reference_ready(ref_dir):
+            self.report.note(f"quality reference cached: {ref_dir}")
+            return
+        self.report.note(f"measuring the quality reference {self.cfg.quality.reference} ...")
+        result = self.launcher.run_now(0, params, mode="reference", tag="reference")
+        if not result.ok:  # one line, exit 2; Driver.run ends the MLflow parent run FAILED
+            log = self.launcher.workdir(0, "reference") / "trial.log"
+            raise ConfigError("quality.reference", self.cfg.quality.reference,
+                              f"the reference configuration failed ({result.status}: "
+                              f"{' '.join(result.reason.split())[:300]}); log: {log}")
+        self.report.note(f"reference perplexity {result.metrics['ppl']:.4f}")
+
+    def predict(self, params: dict[str, Any]) -> Prediction:
+        """The engine's pre-launch estimate for ``params`` (unknown when it has none)."""
+        return self.space.engine.predict(params, self.cfg.engine.settings, self.cfg.engine.variants)
+
+    def _screen(self, params: dict[str, Any]) -> tuple[bool, float | None]:
+        pred = self.predict(params)
+        return (not self.cfg.study.precheck or pred.fits is not False), pred.decode_tps_upper
+
+    def pool(self) -> Pool:
+        """The launchable configurations (rules, engine check, fit prediction) for ``bo``."""
+        return build_pool(self.space, self._screen, self.cfg.study.seed)
+
+    def n_startup(self) -> int:
+        return self.cfg.study.n_startup if self.cfg.study.n_startup is not None \
+            else default_n_startup(self.cfg.study.n_trials)
+
+    def design(self, baseline: dict[str, Any]) -> list[dict[str, Any]]:
+        """The space-filling startup configurations after trial 0 and ``study.enqueue``."""
+        st = self.cfg.study
+        if not uses_design(st.sampler):
+            return []
+        queued = [baseline] + [self.space.restrict({**baseline, **e}) for e in st.enqueue]
+        return startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
+                              FAST_PART[resolve(st.sampler, st.search)])
+
+    # ---- the loop ------------------------------------------------------------------
+    def run(self) -> StudySummary:
+        cfg = self.cfg
+        t0 = time.monotonic()
+        sampler = make_sampler(cfg.study.sampler, cfg.study.seed, self.space, cfg.study.n_trials,
+                               self.n_startup(), cfg.study.search, pool=self.pool,
+                               constraints=cfg.constraints)
+        study, resumed = studylib.open_study(cfg, sampler)
+        if not resumed:
+            baseline = baseline_params(self.space, cfg.engine.variants)
+            studylib.enqueue_initial(study, self.space, baseline, cfg.study.enqueue, self.design(baseline))
+            study.set_user_attr("fingerprint", studylib.config_fingerprint(cfg))
+        elif study.user_attrs.get("fingerprint") != studylib.config_fingerprint(cfg):
+            self.report.warn("the config changed since this study started; results mix both configs")
+        rerun = studylib.requeue_interrupted(study)
+        if rerun:
+            self.report.note(f"re-queued trial(s) {rerun}, cut off by a stop (not counted in n_trials)")
+        if self.tracker:
+            study.set_user_attr(PARENT_ATTR, self.tracker.start_study(
+                cfg.study.name, study.user_attrs.get(PARENT_ATTR), {"engine": cfg.engine.kind}))
+            self.tracker.reconcile(study)
+            space_text = "\n".join(
+                f"{p.name}: {p.kind} {p.values() if p.values() is not None else p.dist}"
+                + (f" when {p.when.text}" if p.when else "") for p in self.space.params.values())
+            self.tracker.log_config(yaml.safe_dump(cfg.raw, sort_keys=False), space_text)
+        self.report.start(study, resumed, studylib.n_launched(study))
+        interrupted = False
+        try:
+            self.ensure_reference()
+            self._loop(study, t0)
+        except KeyboardInterrupt:
+            interrupted = True
+            self.report.warn("interrupted: stopping trials in flight and exporting what is done")
+            self._abort_pending(study)
+        except Exception as e:  # the parent run never stays RUNNING (H5)
+            if self.tracker:
+                self._flush_logs()
+                self.tracker.fail(" ".join(str(e).split()))
+            raise
+        if self.tracker:
+            self._flush_logs()
+            self.tracker.reconcile(study)  # in-flight duplicates, Ctrl-C leftovers: MLflow = Optuna
+        return self.finish(study, interrupted, time.monotonic() - t0)
+
+    def _loop(self, study: optuna.Study, t0: float) -> None:
+        cfg = self.cfg
+        slots = cfg.ray.max_concurrent or self.placement.default_slots()
+        launched = studylib.n_launched(study)
+        self.measured = {config_key(r.params): r for r in studylib.records(study)
+                         if r.kind == studylib.LAUNCHED}
+        cap = cfg.study.max_rejected or REJECTED_PER_TRIAL * cfg.study.n_trials
+        refused = 0  # proposals in a row that could not be launched
+        exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
+        while True:
+            over_time = cfg.study.timeout_s is not None and time.monotonic() - t0 > cfg.study.timeout_s
+            while (not over_time and self.stop_reason is None and len(self.pending) < slots
+                   and not exhausted(study) and launched + len(self.pending) < cfg.study.n_trials):
+                why = self._ask_one(study)
+                refused = 0 if why is None else refused + 1
+                if refused >= cap:
+                    self.stop_reason = (
+                        f"stopped: {refused} proposals in a row could not be launched "
+                        f"(study.max_rejected={cap}); last: {why[:200]}. Relax the rules, change "
+                        "the space or raise study.max_rejected")
+                    self.report.warn(self.stop_reason)
+            self._flush_logs()  # MLflow writes overlap with the trials just submitted
+            if not self.pending:
+                if exhausted(study) and self.stop_reason is None and launched < cfg.study.n_trials:
+                    self.stop_reason = (f"stopped: every launchable configuration was measured "
+                                        f"({launched} of study.n_trials={cfg.study.n_trials})")
+                    self.report.note(self.stop_reason)
+                return
+            ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
+            if ready:  # tell everything already done before refilling
+                ready += self.placement.wait_all_done([r for r in self.pending if r not in ready])
+            for ref in ready:
+                p = self.pending.pop(ref)
+                self._finish_one(study, p, self.placement.result(ref, p.trial.number))
+                launched += 1
+            now = time.monotonic()
+            for ref, p in list(self.pending.items()):
+                if now > p.deadline:
+                    self.placement.cancel(ref)
+                    self.pending.pop(ref)
+                    self._finish_one(study, p, TrialResult(
+                        p.trial.number, "failed", reason="lost: no result from its Ray worker in time"))
+                    launched += 1
+
+    def _ask_one(self, study: optuna.Study) -> str | None:
+        """Ask for a trial and launch it (None), or settle it at once and say why not."""
+        trial = study.ask()
+        params = self.space.suggest(trial)
+        reasons = self.space.violations(params)
+        if reasons:
+            return self._refuse(study, trial, params, "rule: " + "; ".join(reasons))
+        pred = self.predict(params)
+        if self.cfg.study.precheck and pred.fits is False:
+            return self._refuse(study, trial, params, pred.reason or "predicted not to fit")
+        never = self.launcher.unschedulable(params)
+        if never:
+            return self._refuse(study, trial, params, f"unschedulable: {never}")
+        key = config_key(params)
+        if key in self.measured or key in {p.key for p in self.pending.values()}:
+            return self._duplicate(study, trial, params, key)
+        trial.set_user_attr("kind", studylib.LAUNCHED)
+        trial.set_user_attr("params", params)
+        known = {"need_gb": list(pred.need_gb), "have_gb": list(pred.have_gb),
+                 "decode_tps_upper": pred.decode_tps_upper}
+        if pred.need_gb or pred.decode_tps_upper is not None:
+            trial.set_user_attr("prediction", known)
+        ref = self.launcher.submit(trial.number, params)
+        deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
+        self.pending[ref] = PendingTrial(trial, params, deadline, key)
+        self.report.started(trial.number, params)
+        return None
+
+    def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str) -> str:
+        """Tell a proposal that was never started as infeasible (the sampler learns; not counted)."""
+        result = TrialResult(trial.number, "infeasible", reason=reason)
+        record = studylib.tell(study, trial, self.cfg, params, result, kind=studylib.REJECTED)
+        self.report.finished(record, 0.0)
+        self._log(record, result, None)
+        return reason
+
+    def _duplicate(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], key: str) -> str:
+        """A configuration already measured (or in flight) is not launched again."""
+        done = self.measured.get(key)
+        if done is None:  # in flight: its result is not known yet; FAIL (samplers skip it)
+            number = next(p.trial.number for p in self.pending.values() if p.key == key)
+            reason = f"same configuration as trial {number} (in flight): not launched"
+            studylib.tell_fail(study, trial, params, studylib.DUPLICATE, reason)
+            self.report.note(f"  #{trial.number} {reason}")
+            return reason
+        reason = f"same configuration as trial {done.number}: its result reused, not launched"
+        result = TrialResult(trial.number, done.status, dict(done.metrics), reason=reason)
+        record = studylib.tell(study, trial, self.cfg, params, result, kind=studylib.DUPLICATE,
+                               attrs={"duplicate_of": done.number})
+        self.report.note(f"  #{trial.number} {reason}")
+        self._log(record, result, None)
+        return reason
+
+    def _finish_one(self, study: optuna.Study, p: PendingTrial, result: TrialResult) -> Record:
+        record = studylib.tell(study, p.trial, self.cfg, p.params, result)
+        self.measured[p.key] = record
+        self.report.finished(record, result.duration_s)
+        self._log(record, result, self.launcher.workdir(p.trial.number) / "trial.log")
+        return record
+
+    def _log(self, record: Record, result: TrialResult, log: Path | None) -> None:
+        if self.tracker:
+            self._unlogged.append((record.number, record.params, result.replace(
+                status=record.status, reason=record.reason), record.feasible, log))
+
+    def _flush_logs(self) -> None:
+        """Write the told trials to MLflow (after the free slots were refilled)."""
+        while self._unlogged:
+            self.tracker.log_trial(*self._unlogged.pop(0))
+
+    def _abort_pending(self, study: optuna.Study) -> None:
+        for ref, p in list(self.pending.items()):
+            self.placement.cancel(ref)
+            studylib.tell_fail(study, p.trial, p.params, studylib.INTERRUPTED, "interrupted")
+        self.pending = {}
+
+    # ---- end of study --------------------------------------------------------------
+    def _baseline(self, recs: list[Record]) -> Record | None:
+        """Trial 0's measurement (or that of its re-run after a stop)."""
+        first = next((r for r in recs if r.number == 0), None)
+        if first is None:
+            return None
+        key = config_key(first.params)
+        return next((r for r in recs if r.kind == studylib.LAUNCHED and config_key(r.params) == key), None)
+
+    def finish(self, study: optuna.Study, interrupted: bool, elapsed: float) -> StudySummary:
+        cfg = self.cfg
+        sel = cfg.select
+        recs = studylib.records(study)
+        measured = [r for r in recs if r.kind == studylib.LAUNCHED]
+        objectives = [o.metric for o in cfg.objectives]
+        front = pareto_front(measured, objectives)
+        # the winner is the best feasible by the selection rule: any measured trial for
+        # `max` in single mode, the Pareto front otherwise (knee/weighted are front notions)
+        single_max = cfg.study.search == "single" and sel.rule == "max"
+        candidates = [r for r in measured if r.feasible] if single_max else front
+        baseline = self._baseline(recs)
+        verdict = Verdict() if interrupted else choose_winner(cfg, self.launcher, self.report, candidates, baseline)
+        ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
+        winner = verdict.winner or (ranked[0] if ranked else None)
+        baseline = verdict.baseline_remeasured or baseline
+        speedup, source = verdict.speedup, verdict.speedup_source
+        if winner and baseline and speedup is None:
+            b, w = baseline.metrics.get(sel.metric), winner.metrics.get(sel.metric)
+            if b and w and math.isfinite(b) and math.isfinite(w):
+                speedup = w / b if get_metric(sel.metric).higher_is_better else b / w
+                source = "search"
+        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        summary = StudySummary(
+            study=cfg.study.name, engine=cfg.engine.kind, interrupted=interrupted, search=cfg.study.search,
+            n_trials=len(measured), n_rejected=sum(r.kind == studylib.REJECTED for r in recs),
+            n_duplicates=sum(r.kind == studylib.DUPLICATE for r in recs),
+            n_feasible=sum(r.feasible for r in measured),
+            n_failed=sum(r.status in ("failed", "timeout") for r in measured),
+            n_infeasible=sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in measured),
+            elapsed_s=round(elapsed, 1), objectives=objectives, constraints=[str(c) for c in cfg.constraints],
+            workload=cfg.workload.to_dict(), baseline=baseline, winner=winner, pareto=[r.number for r in front],
+            winner_metrics=winner.metrics if winner else {},
+            warnings=self.space.engine.export_warnings(winner.params, cfg.engine.settings) if winner else [],
+            remeasured=verdict.remeasured, lead_within_noise=verdict.lead_within_noise,
+            runner_up=verdict.runner_up, speedup=speedup, speedup_source=source,
+            speedup_within_noise=verdict.speedup_within_noise, note=verdict.note, stop_reason=self.stop_reason,
+            prediction=prediction_error([(trials[r.number].user_attrs["prediction"], r.metrics)
+                                         for r in measured if r.status == "ok"
+                                         and "prediction" in trials[r.number].user_attrs]),
+        )
+        files = export.write_all(self.dir, cfg, self.space, front, winner, summary)
+        if self.tracker:
+            self.tracker.finish(summary, files, "KILLED" if interrupted else "FINISHED")
+        self.report.summary(summary, files)
+        return summary

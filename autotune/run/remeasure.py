@@ -1,0 +1,118 @@
+"""End-of-study re-measurement: the top-k Pareto candidates and the baseline, side by side.
+
+Search-time numbers come from one trial each, measured at different moments on a noisy
+machine. Before naming a winner, the ``select.top_k`` best candidates (by the selection
+rule) and the baseline are re-run ``select.rerun_repeats`` times, interleaved and in
+alternating order, and the winner is chosen on those pooled numbers. The summary says
+whether the winner's lead over the runner-up and over the baseline is within noise
+(the bootstrap 95% CI of the difference of the medians contains 0).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from autotune.measure.stats import summarize
+from autotune.measure.stats import within_noise
+from autotune.objectives import get_metric
+from autotune.record.study import constraint_values
+from autotune.record.summary import Verdict
+from autotune.search.select import Record
+from autotune.search.select import rank
+
+if TYPE_CHECKING:
+    from autotune.config.schema import Config
+    from autotune.output.report import Reporter
+    from autotune.run.launcher import Launcher
+
+REMEASURE_BASE = 1_000_000  # re-measurement run numbers: BASE + trial * 100 + repeat
+RAW_KEYS = {"decode_tps": "decode_tps", "ttft_p50_ms": "ttft_ms"}
+SPEED_PREFIXES = ("decode_", "prefill_", "ttft_", "itl_", "tpot_", "e2e_", "aggregate_", "accept_",
+                  "goodput_", "max_concurrency_at_slo", "max_rate_at_slo", "throughput_", "error_rate",
+                  "fairness_", "max_context_", "mem_growth_")
+
+
+def _samples(metric: str, runs: list[dict], raws: list[dict]) -> list[float]:
+    key = RAW_KEYS.get(metric)
+    if key and all(key in r for r in raws):
+        return [x for r in raws for x in r[key]]
+    return [m[metric] for m in runs if metric in m and math.isfinite(m[metric])]
+
+
+def remeasure(launcher: Launcher, report: Reporter, configs: list[Record],
+              repeats: int) -> dict[int, tuple[list[dict], list[dict]]]:
+    """Re-run each config ``repeats`` times, interleaved; (metrics, raw samples) lists."""
+    out: dict[int, tuple[list[dict], list[dict]]] = {r.number: ([], []) for r in configs}
+    report.remeasure_plan(len(configs) * repeats)
+    for rep in range(repeats):
+        order = configs if rep % 2 == 0 else list(reversed(configs))
+        for rec in order:
+            number = REMEASURE_BASE + rec.number * 100 + rep
+            res = launcher.run_now(number, rec.params, quality=False, tag="remeasure")
+            report.remeasured(rec.number, rep, res)
+            if res.ok:
+                out[rec.number][0].append(res.metrics)
+                out[rec.number][1].append(res.info.get("samples", {}))
+    return out
+
+
+def _merge(rec: Record, runs: list[dict], cfg: Config) -> Record:
+    """The record with its speed metrics replaced by medians over the re-runs."""
+    if not runs:
+        return replace(rec, feasible=False, reason="re-measurement failed")
+    metrics = dict(rec.metrics)
+    for key in {k for m in runs for k in m}:
+        if key.startswith(SPEED_PREFIXES) or key in ("peak_rss_mb", "vram_peak_gb"):
+            vals = [m[key] for m in runs if key in m and math.isfinite(m[key])]
+            if vals:
+                metrics[key] = statistics.median(vals)
+    cons = constraint_values(cfg, metrics)
+    return replace(rec, metrics=metrics, feasible=all(v <= 0 for v in cons.values()), violations=cons)
+
+
+def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates: list[Record],
+                  baseline: Record | None) -> Verdict:
+    """Pick the winner among ``candidates`` on re-measured numbers, with noise verdicts."""
+    sel = cfg.select
+    objectives = [o.metric for o in cfg.objectives]
+    ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
+    if not ranked:
+        return Verdict(note="no feasible trial: nothing to export as a winner")
+    if sel.top_k == 0 or sel.rerun_repeats == 0:
+        return Verdict(winner=ranked[0])
+    top = ranked[: sel.top_k]
+    configs = top + ([baseline] if baseline and baseline.status == "ok"
+                     and baseline.number not in {c.number for c in top} else [])
+    report.note(f"re-measuring trials {[c.number for c in configs]} x{sel.rerun_repeats}, interleaved")
+    runs = remeasure(launcher, report, configs, sel.rerun_repeats)
+    merged = {r.number: _merge(r, runs[r.number][0], cfg) for r in configs}
+    pool = [merged[c.number] for c in top if merged[c.number].feasible]
+    if baseline is not None and baseline.number in merged and baseline.feasible and merged[baseline.number].feasible:
+        pool.append(merged[baseline.number])
+    if not pool:
+        return Verdict(winner=ranked[0], note="re-measurement left no feasible candidate; winner from the search")
+    final = rank(pool, sel.rule, sel.metric, objectives, sel.weights)
+    winner = final[0]
+    samples = {n: _samples(sel.metric, *runs[n]) for n in runs}
+    table = {n: {"median": summarize(s).median, "ci95": [summarize(s).ci_low, summarize(s).ci_high],
+                 "n": len(s)} for n, s in samples.items()}
+    kw: dict = {"winner": winner, "remeasured": {"metric": sel.metric, "by_trial": table}}
+    if baseline is not None and baseline.number in merged:
+        kw["baseline_remeasured"] = merged[baseline.number]
+    if len(final) > 1:
+        kw["lead_within_noise"] = within_noise(samples[winner.number], samples[final[1].number])
+        kw["runner_up"] = final[1].number
+    if baseline is not None and baseline.number in samples and samples[baseline.number]:
+        b = summarize(samples[baseline.number]).median
+        w = summarize(samples[winner.number]).median
+        if b and math.isfinite(b) and math.isfinite(w):
+            kw["speedup"] = w / b if get_metric(sel.metric).higher_is_better else b / w
+            kw["speedup_source"] = "re-measured side by side"
+            kw["speedup_within_noise"] = (
+                winner.number != baseline.number
+                and within_noise(samples[winner.number], samples[baseline.number])
+            )
+    return Verdict(**kw)

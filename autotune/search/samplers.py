@@ -1,0 +1,109 @@
+"""Optuna samplers chosen in config: auto (default), bo, tpe, gp, nsga2, random, grid.
+
+``auto`` is ``bo`` for a single-objective search (``study.search: single``) and TPE for
+``study.search: pareto``. ``bo`` (:mod:`autotune.search.bo`) scores only configurations that can
+launch and uses the engine's speed prediction as its prior; on the bench surfaces
+(bench/efficiency.py) it reached 95% of the optimum in fewer trials than TPE and Optuna's GP.
+
+TPE is multivariate with ``group=True`` (conditional spaces) and ``constant_liar=True`` so
+trials in flight push parallel proposals apart. Constraints reach every sampler through
+``trial.set_constraint`` (Optuna 5); no ``constraints_func`` is passed. bo, TPE and GP model
+from the first trial after the startup design (:mod:`autotune.search.design`), which replaces
+their random startup trials; ``random`` and ``grid`` get no design.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Callable
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import optuna
+
+from autotune.errors import ConfigError
+
+if TYPE_CHECKING:
+    from autotune.config.schema import Constraint
+    from autotune.search.bo import Pool
+    from autotune.search.space import Space
+
+
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """GridSampler for an ask/tell loop: Optuna's calls ``study.stop()`` once the grid is
+    exhausted, which raises outside ``study.optimize``. The driver's budget ends the study
+    instead; :meth:`is_exhausted` says when every grid point has been visited.
+    """
+
+    def after_trial(self, study, trial, state, values) -> None:
+        return None
+
+
+def torch_available() -> bool:
+    """Whether ``import torch`` would work (without importing it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+def resolve(name: str, search: str = "single") -> str:
+    """The sampler ``study.sampler`` names; ``auto`` is bo (single search) or tpe (pareto)."""
+    if name != "auto":
+        return name
+    return "bo" if search == "single" else "tpe"
+
+
+def validate_sampler(name: str, space: Space, search: str = "single") -> None:
+    """Refuse, before anything is written, a sampler that cannot search ``space``."""
+    name = resolve(name, search)
+    if name == "gp" and not torch_available():
+        raise ConfigError("study.sampler", name, "the GP sampler needs torch, which is not installed",
+                          "Install it (pip install torch==2.13.0) or use sampler tpe")
+    if name == "bo" and search == "pareto":
+        raise ConfigError("study.sampler", name, "bo searches one objective (study.search: single)",
+                          "Use study.search single, or sampler tpe, gp or nsga2 for a Pareto search")
+    if name == "grid":
+        conditional = [p.name for p in space.params.values() if p.when is not None]
+        if conditional:
+            raise ConfigError("study.sampler", name, f"the grid sampler cannot search conditional "
+                              f"parameters (space.{conditional[0]}.when); use tpe or random")
+        space.grid()  # a continuous dimension raises with its path
+
+
+def uses_design(name: str) -> bool:
+    """Whether the sampler starts from the space-filling design (model-based samplers)."""
+    return name in ("auto", "bo", "tpe", "gp")
+
+
+def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
+                 n_startup: int | None = None, search: str = "single",
+                 pool: Callable[[], Pool] | None = None,
+                 constraints: Sequence[Constraint] = ()) -> optuna.samplers.BaseSampler:
+    """Build the sampler named in ``study.sampler``; ``n_startup`` trials precede its model.
+
+    ``pool`` builds bo's pool of launchable configurations (default: rules and the engine's
+    check only, no prediction); ``constraints`` are the study's, which bo models.
+    """
+    name = resolve(name, search)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    startup = max(4, min(10, n_trials // 3)) if n_startup is None else n_startup
+    validate_sampler(name, space, search)
+    if name == "bo":
+        from autotune.search.bo import PoolSampler
+        from autotune.search.bo import build_pool
+
+        return PoolSampler(space, pool or (lambda: build_pool(space, lambda _p: (True, None), seed)),
+                           list(constraints), seed, n_startup=startup)
+    if name == "tpe":
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, constant_liar=True,
+            n_startup_trials=startup,
+        )
+    if name == "gp":
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup, warn_independent_sampling=False)
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, min(20, n_trials // 3)))
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        return AskTellGridSampler(space.grid(), seed=seed)
+    raise ConfigError("study.sampler", name, "expected one of auto, bo, tpe, gp, nsga2, random, grid")

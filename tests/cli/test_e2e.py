@@ -1,0 +1,127 @@
+"""End to end: a small real study on real llama.cpp with real Optuna, MLflow and Ray.
+
+Checks the exports, the Optuna storage and the MLflow runs against each other, that
+re-running the same command resumes the study, and that best.yaml is a usable preset.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from autotune.record.study import records
+from autotune.search.select import pareto_front
+from tests.conftest import run_cli
+from tests.conftest import study_overrides
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+SMALL = [
+    "conf=local_cpu", "study.n_trials=5", "quality.n_tokens=128", "workload.max_tokens=24",
+    "workload.repeats=3", "select.top_k=2", "select.rerun_repeats=1",
+    'constraints=["ppl_delta_pct <= 50", "ttft_p95_ms <= 5000"]',
+]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("e2e")
+    args = ["run", *SMALL, *study_overrides(tmp)]
+    first = run_cli(args, tmp, timeout=900)
+    return tmp, args, first
+
+
+def test_study_finishes_and_prints_the_winner(study):
+    """The printed verdict is the one in summary.json, whichever it is: on a box where the
+    engine defaults are already best (5 noisy trials), "keep them" is the right answer."""
+    tmp, _, proc = study
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "baseline (trial 0, engine defaults) vs winner" in proc.stdout
+    summary = json.loads((tmp / "studies" / "e2e" / "summary.json").read_text())
+    assert summary["baseline"]["number"] == 0 and summary["speedup"] > 0
+    if summary["winner"]["number"] == summary["baseline"]["number"]:
+        assert summary["speedup"] == 1.0, summary
+        assert "No configuration beat the engine defaults" in proc.stdout, proc.stdout
+    else:
+        assert f"speed-up over the engine default: {summary['speedup']:.2f}x" in proc.stdout, proc.stdout
+
+
+def test_exports_match_the_optuna_storage(study):
+    tmp, _, _ = study
+    d = tmp / "studies" / "e2e"
+    for name in ("pareto.json", "pareto.csv", "best.yaml", "summary.json", "llama-server.sh", "llama_cpp_kwargs.json"):
+        assert (d / name).is_file(), name
+    st = optuna.load_study(study_name="e2e", storage=f"sqlite:///{d}/optuna.db")
+    trials = st.get_trials(deepcopy=False)
+    assert sum(t.user_attrs["kind"] == "launched" for t in trials) == 5  # n_trials counts launched
+    assert trials[0].user_attrs["role"] == "baseline"
+    assert trials[0].params["n_threads"] >= 1 and trials[0].params["n_batch"] == 512
+    pareto = json.loads((d / "pareto.json").read_text())
+    # the front over every launched trial's measured objectives (not what the sampler was told)
+    front = pareto_front([r for r in records(st) if r.kind == "launched"], ["decode_tps", "ttft_p95_ms"])
+    assert [t["number"] for t in pareto["trials"]] == [r.number for r in front]
+    for row in pareto["trials"]:
+        t = trials[row["number"]]
+        assert t.user_attrs["status"] == "ok"
+        assert all(v <= 0 for v in t.constraints.values())
+        assert math.isclose(row["metrics"]["decode_tps"], t.user_attrs["metrics"]["decode_tps"])
+    summary = json.loads((d / "summary.json").read_text())
+    assert summary["n_trials"] == 5 and summary["winner"] is not None
+    assert summary["speedup"] > 0 and "remeasured" in summary
+    kwargs = json.loads((d / "llama_cpp_kwargs.json").read_text())
+    assert kwargs["n_threads"] == summary["winner"]["params"]["n_threads"]
+    sh = (d / "llama-server.sh").read_text()
+    assert "llama-server" in sh and "127.0.0.1" in sh
+
+
+def test_mlflow_runs_match_the_optuna_trials(study):
+    tmp, _, _ = study
+    d = tmp / "studies" / "e2e"
+    st = optuna.load_study(study_name="e2e", storage=f"sqlite:///{d}/optuna.db")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp}/mlruns/mlflow.db")
+    exp = client.get_experiment_by_name("e2e")
+    parent = st.user_attrs["mlflow_parent_run_id"]
+    runs = client.search_runs([exp.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(runs) == len(st.get_trials(deepcopy=False))  # refused proposals are logged too
+    by_trial = {int(r.data.tags["autotune.trial"]): r for r in runs}
+    for t in st.get_trials(deepcopy=False):
+        run = by_trial[t.number]
+        assert run.data.tags["status"] == t.user_attrs["status"]
+        for k, v in t.user_attrs["params"].items():
+            assert run.data.params[k] == str(v)
+        for k, v in t.user_attrs["metrics"].items():
+            assert math.isclose(run.data.metrics[k], v, rel_tol=1e-9)
+        if t.user_attrs["kind"] == "launched":  # refused and repeated proposals never ran
+            assert any(a.path == "trial.log" for a in client.list_artifacts(run.info.run_id))
+    assert client.get_run(parent).info.status == "FINISHED"
+    names = {a.path for a in client.list_artifacts(parent)}
+    assert {"config.yaml", "space.txt", "pareto.json", "summary.json"} <= names
+
+
+def test_best_yaml_is_a_usable_preset(study):
+    tmp, _, _ = study
+    d = tmp / "studies" / "e2e"
+    best = yaml.safe_load((d / "best.yaml").read_text())
+    assert all(v["type"] == "fixed" for v in best["space"].values())
+    proc = run_cli(["run", "--config-dir", str(d), "conf=best", "--dry-run"], tmp, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "space size: 1 configurations" in proc.stdout
+
+
+def test_rerunning_the_command_resumes_the_study(study):
+    tmp, args, _ = study
+    args = [a if a != "study.n_trials=5" else "study.n_trials=6" for a in args]
+    proc = run_cli(args + ["select.top_k=0"], tmp, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming (5 trials done)" in proc.stdout
+    st = optuna.load_study(study_name="e2e", storage=f"sqlite:///{tmp}/studies/e2e/optuna.db")
+    trials = st.get_trials(deepcopy=False)
+    assert sum(t.user_attrs["kind"] == "launched" for t in trials) == 6
+    assert sum(t.user_attrs.get("role") == "baseline" for t in trials) == 1
+    assert Path(tmp, "studies", "e2e", "pareto.json").exists()
