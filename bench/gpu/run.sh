@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# The offline GPU check in one command, on a GPU machine without network (docs/gpu.md):
-# installs the carried wheels (bench/gpu/wheels/, see fetch_wheels.sh), then runs
-# `python -m autotune.tools.gpu_check` from this checkout and writes the table under $OUT
-# (or bench/results/gpu). Extra arguments go to gpu_check (e.g. --gguf-converter PATH).
-# Usage: bash bench/gpu/run.sh [gpu_check args...]
+# One stage of the offline GPU check, one command of under 10 minutes on a GPU machine without
+# network (docs/gpu.md gives the sequence): installs the carried wheels (bench/gpu/wheels/, see
+# fetch_wheels.sh; a few seconds, so every stage does it: a fresh machine may have come up), then runs
+# `python -m autotune.tools.gpu_check --stage STAGE...` from this checkout. Rows go to $OUT (or
+# bench/results/gpu) as each finishes; state (models, extensions, rows) stays in the
+# git-ignored bench/gpu/.work/ for the next command on the same machine.
+# Usage: bash bench/gpu/run.sh STAGE [STAGE...] [-- gpu_check args...]
+#   stages: env ext models exl2-a exl2-b llamacpp exl3 table (or all: every stage, > 10 minutes)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PY="${PYTHON:-python3}"
 WHEELS="$ROOT/bench/gpu/wheels"
+stages=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do stages+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+[ ${#stages[@]} -gt 0 ] || { echo "usage: bash bench/gpu/run.sh STAGE [STAGE...] [-- args]" >&2; exit 2; }
 if compgen -G "$WHEELS/*.whl" > /dev/null; then
   "$PY" -m pip install --no-index --no-deps --quiet "$WHEELS"/*.whl
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+if [ "${stages[0]}" = "env" ]; then
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PY" -m autotune.tools.gpu_check --out "${OUT:-$ROOT/bench/results/gpu}" "$@"
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/bench/gpu/.work/torch_extensions}"
+exec "$PY" -m autotune.tools.gpu_check --stage "${stages[@]}" \
+  --out "${OUT:-$ROOT/bench/results/gpu}" "$@"

@@ -105,6 +105,9 @@ class FakeGenerator:
     def enqueue(self, ident: int) -> None:
         self.jobs[ident] = -self.prefill_iters
 
+    def cancel(self, ident: int) -> None:
+        self.jobs.pop(ident, None)
+
     def num_remaining_jobs(self) -> int:
         return len(self.jobs)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.vllm.engine import INFEASIBLE_LOG
 from autotune.engines.vllm.engine import VLLMEngine
+from autotune.engines.vllm.engine import infeasible_reason
 from autotune.engines.vllm.gpu import VENV_PYTHON
 from autotune.engines.vllm.gpu import accept_rate
 from autotune.engines.vllm.gpu import batch_defaults
@@ -108,4 +108,4 @@ def test_accept_rate_from_metrics_deltas() -> None:
      "ValueError: The model's max seq len (4096) is larger than the maximum number of tokens"],
 )
 def test_more_startup_failures_are_infeasible(log: str) -> None:
-    assert INFEASIBLE_LOG.search(log)
+    assert infeasible_reason(log)

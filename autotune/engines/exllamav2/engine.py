@@ -43,7 +43,9 @@ from autotune.engines.exllamav2.plan import clamp_chunk
 from autotune.engines.exllamav2.plan import failure_reason
 from autotune.engines.exllamav2.plan import filter_modules  # noqa: F401
 from autotune.engines.exllamav2.plan import gpus_of  # noqa: F401
+from autotune.engines.exllamav2.plan import job_args
 from autotune.engines.exllamav2.plan import load_plan  # noqa: F401
+from autotune.engines.exllamav2.plan import mode_warnings
 from autotune.engines.exllamav2.plan import parse_split  # noqa: F401
 from autotune.engines.exllamav2.plan import reserve_vram
 from autotune.engines.exllamav2.plan import round_up  # noqa: F401
@@ -51,6 +53,7 @@ from autotune.engines.exllamav2.plan import select_skips  # noqa: F401
 from autotune.engines.exllamav2.plan import skip_candidates  # noqa: F401
 from autotune.engines.exllamav2.plan import split_reasons  # noqa: F401
 from autotune.engines.exllamav2.plan import tabby_config  # noqa: F401
+from autotune.engines.exllamav2.plan import tabby_load_forward
 from autotune.engines.exllamav2.plan import tabby_warnings  # noqa: F401
 from autotune.engines.exllamav2.plan import tabby_yaml  # noqa: F401
 from autotune.engines.exllamav2.pump import JobPump
@@ -87,6 +90,7 @@ class ExLlamaV2Engine(Engine):
 
     name = "exllamav2"
     predictor = "autotune.engines.exllamav2.predict:predict_exllamav2"
+    context_knob = "max_seq_len"
     settings_schema = ExLlamaV2Settings
     knobs = {
         "model": Knob("str", doc="EXL2 variant (engine.variants: path + bpw)"),
@@ -159,7 +163,8 @@ class ExLlamaV2Engine(Engine):
 
     @classmethod
     def export_warnings(cls, params: dict, settings: dict) -> list[str]:
-        return tabby_warnings(cls.full_params(params, settings), settings)
+        p = cls.full_params(params, settings)
+        return tabby_warnings(p, settings) + mode_warnings(p)
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
@@ -172,6 +177,13 @@ class ExLlamaV2Engine(Engine):
             files.append(out_dir / "tabbyapi_warnings.txt")
             write_atomic(files[-1], "\n".join(warnings) + "\n")
         return files
+
+    @classmethod
+    def check_export(cls, files: list[Path]) -> list[str]:
+        """tabbyapi.yml against TabbyAPI exl2-checkpoint's config model (tabbyapi.schema_exl2)."""
+        from autotune.engines.tabbyapi.check import check_tabby_files
+
+        return check_tabby_files(files)
 
     # ---- worker side (needs CUDA + exllamav2) ----------------------------------------------
     @classmethod
@@ -246,6 +258,9 @@ class ExLlamaV2Engine(Engine):
                     plan["draft"]["cache_class"], draft=True)
             config, self.model, self.cache = self._load(resolve_variant(p["model"], self.variants),
                                                         plan, plan["cache_class"])
+            if draft_model is not None:  # as TabbyAPI loads (tabby_load_forward)
+                tabby_load_forward(draft_model, draft_cache, plan["max_input_len"], torch)
+            tabby_load_forward(self.model, self.cache, plan["max_input_len"], torch)
             self.tokenizer = ex.ExLlamaV2Tokenizer(config)
             if plan["layer_skip_threshold"] is not None and plan["layer_skip_threshold"] < 1.0:
                 self._skip_layers(float(plan["layer_skip_threshold"]))
@@ -293,12 +308,13 @@ class ExLlamaV2Engine(Engine):
         from exllamav2.generator import ExLlamaV2Sampler
 
         ids = self.tokenizer.encode(prompt, add_bos=True)
+        # + num_draft_tokens: a draft job stops K tokens short of max_new_tokens (plan.job_args)
+        args = job_args(max_tokens, ignore_eos, getattr(self.generator, "num_draft_tokens", 0),
+                        self.tokenizer.eos_token_id)
 
         def job(ident: int):
-            return ExLlamaV2DynamicJob(
-                input_ids=ids, max_new_tokens=max_tokens, min_new_tokens=max_tokens if ignore_eos else 0,
-                gen_settings=ExLlamaV2Sampler.Settings.greedy(), identifier=ident,
-                stop_conditions=[] if ignore_eos else [self.tokenizer.eos_token_id])
+            return ExLlamaV2DynamicJob(input_ids=ids, gen_settings=ExLlamaV2Sampler.Settings.greedy(),
+                                       identifier=ident, **args)
 
         try:
             ident, t0, q = self.pump.submit(job)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,14 +73,29 @@ def build_extension(timeout_s: float = 1800.0, python: str | None = None,
     say("exllamav2: building/loading its CUDA extension before the first trial "
         f"(first use compiles with nvcc: a few minutes; limit {timeout_s:g} s) ...")
     t0 = time.monotonic()
+    proc = subprocess.Popen([python or sys.executable, "-c", "import exllamav2.ext"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # its own group: nvcc/ninja die with it
     try:
-        done = subprocess.run([python or sys.executable, "-c", "import exllamav2.ext"],
-                              capture_output=True, text=True, timeout=timeout_s, check=False)
+        stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        for lock in extensions_root().glob(f"*/{EXT_NAME}/lock"):  # the build we killed held it
+            lock.unlink(missing_ok=True)
         return [f"exllamav2's CUDA extension did not build within {timeout_s:g} s "
-                "(engine.settings.extension_build_timeout_s)"]
-    if done.returncode != 0:
-        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+                "(engine.settings.extension_build_timeout_s); a new build resumes it"]
+    _kill_group(proc)
+    if proc.returncode != 0:
+        tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
         return [f"exllamav2's CUDA extension does not build or load: {tail}"]
     say(f"exllamav2: CUDA extension ready ({time.monotonic() - t0:.0f} s)")
     return []
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the build's process group (nvcc, ninja) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.communicate()

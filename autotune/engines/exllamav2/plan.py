@@ -26,6 +26,15 @@ CUDA_CONTEXT_GIB = 0.5  # left free per GPU by a manual split (CUDA context, scr
 # "Insufficient space in device allocation", torch's "CUDA out of memory".
 OOM_MARKERS = ("Insufficient VRAM for model and cache", "Insufficient space in device allocation",
                "CUDA out of memory", "out of memory")
+# exllamav2 0.3.2 asserts on the configuration (generator/dynamic.py, model.py, cache.py): a
+# trial that hits one of these is infeasible. Any other assert is a real failure.
+REFUSAL_MARKERS = ("max_chunk_size", "max_q_size", "num_draft_tokens", "max_batch_size", "max_seq_len",
+                   "seq len", "max_input_len", "Paged mode requires flash-attn", "paged attention",
+                   "8-bit cache", "Cache and draft cache", "multiple of", "gpu_split", "tensor-parallel",
+                   "tensor parallel")
+# Model files missing or broken (exllamav2/config.py::prepare): a real failure.
+MODEL_FILE_MARKERS = ("Can't find", "No model_dir", "No .safetensors files", "Could not find",
+                      "Missing any of the following keys", "No such file", "does not exist")
 
 
 def round_up(n: int, step: int = PAGE) -> int:
@@ -112,13 +121,35 @@ def choose_paged(requested: bool | None, paged_attn: bool, min_compute_capabilit
 
 
 def failure_reason(exc: BaseException) -> str | None:
-    """Why a load/generator error means an infeasible configuration; None for a real failure."""
+    """Why a load/generator error means an infeasible configuration; None for a real failure.
+
+    exllamav2 validates with ``assert`` and ``ValueError`` both the configuration (which is
+    infeasible: the next trial may fit) and the model files (which is a real failure that must
+    not be pruned silently: ``config.py`` asserts "Can't find <model_dir>", raises "No
+    .safetensors files found"). Only the messages of :data:`REFUSAL_MARKERS` count as a refusal.
+    """
     name, text = type(exc).__name__, str(exc)
     if name == "OutOfMemoryError" or any(m.lower() in text.lower() for m in OOM_MARKERS):
         return f"out of GPU memory: {name}: {text}"
-    if isinstance(exc, (AssertionError, ValueError)):  # exllamav2 validates with assert
+    if any(m.lower() in text.lower() for m in MODEL_FILE_MARKERS):
+        return None
+    if isinstance(exc, (AssertionError, ValueError)) and any(m in text for m in REFUSAL_MARKERS):
         return f"exllamav2 refused the configuration: {name}: {text}"
     return None
+
+
+def job_args(max_tokens: int, ignore_eos: bool, num_draft_tokens: int, eos_token_id: int | None) -> dict:
+    """``ExLlamaV2DynamicJob`` arguments that make a job generate exactly ``max_tokens`` tokens.
+
+    exllamav2 0.3.2 ends a job at ``new_tokens >= max_new_tokens - generator.num_draft_tokens``
+    (``generator/dynamic.py::ExLlamaV2DynamicJob.receive_sample``; ``num_draft_tokens`` is 0
+    without a draft model or n-gram drafting), so that the drafted positions stay inside the
+    job's cache pages, which are sized by ``max_new_tokens``. Asking for ``max_tokens + K``
+    gives ``max_tokens`` tokens, as many as a trial without a draft generates.
+    """
+    k = max(int(num_draft_tokens or 0), 0)
+    return {"max_new_tokens": int(max_tokens) + k, "min_new_tokens": int(max_tokens) if ignore_eos else 0,
+            "stop_conditions": [] if ignore_eos or eos_token_id is None else [eos_token_id]}
 
 
 def load_plan(params: dict, settings: dict, paged: bool = True) -> dict[str, Any]:
@@ -147,6 +178,21 @@ def load_plan(params: dict, settings: dict, paged: bool = True) -> dict[str, Any
         },
         "layer_skip_threshold": params.get("layer_skip_threshold"),
     }
+
+
+def tabby_load_forward(model: Any, cache: Any, max_input_len: int, torch: Any) -> None:
+    """TabbyAPI's load check: a forward of ``max_input_len`` zeros into the cache.
+
+    TabbyAPI (exl2-checkpoint, ``backends/exllamav2/model.py::load_model_sync``) runs it after
+    loading the draft and the model "to test VRAM allocation with a full-length forward pass";
+    the trial too, so its VRAM peak (a whole chunk's activations, which the 32-token warm-up
+    lacks) is the one TabbyAPI meets. The cache position is reset (the generator pages its own).
+    """
+    ids = torch.zeros((1, int(max_input_len)), dtype=torch.long)
+    with torch.inference_mode():
+        model.forward(ids, cache=cache, preprocess_only=True)
+    if hasattr(cache, "current_seq_len"):
+        cache.current_seq_len = 0
 
 
 def skip_candidates(n_layers: int) -> range:
@@ -208,6 +254,29 @@ def tabby_warnings(params: dict, settings: dict | None = None) -> list[str]:
     return out
 
 
+def mode_warnings(params: dict) -> list[str]:
+    """Where the measured generator mode may differ from the one TabbyAPI will run.
+
+    TabbyAPI (exl2-checkpoint, ``backends/exllamav2/model.py``) runs the paged generator with
+    flash-attn and batching whenever flash-attn is installed and every GPU is Ampere or newer,
+    else non-paged with ``max_batch_size`` 1; it has no setting to choose. The trial ran
+    ``paged`` as asked (``info.generator_mode`` says which ran when it was left to auto).
+    """
+    paged = params.get("paged")
+    if paged is False:
+        return ["paged=false was measured (non-paged, batch size 1, no flash-attn), but TabbyAPI "
+                "runs paged with flash-attn and batching wherever flash-attn >= 2.5.7 is installed "
+                "and every GPU is Ampere or newer: served speed and VRAM will differ from the "
+                "measured ones (uninstall flash-attn on the server to reproduce them)."]
+    if paged is None:
+        return ["The generator mode was chosen on the trial machine (paged with flash-attn, else "
+                "non-paged batch 1; see the trials' info.generator_mode). TabbyAPI chooses the same "
+                "way on its own machine: if flash-attn or the GPU generation differs there, served "
+                "speed and VRAM will differ from the measured ones."]
+    return ["paged=true was measured; TabbyAPI falls back to non-paged batch size 1 without "
+            "flash-attn >= 2.5.7 or on a pre-Ampere GPU: install flash-attn on the server."]
+
+
 def tabby_config(params: dict, settings: dict, variants: dict) -> dict:
     """config.yml for TabbyAPI's exl2-checkpoint branch (keys of its config_sample.yml)."""
     plan = load_plan(params, settings)
@@ -216,7 +285,7 @@ def tabby_config(params: dict, settings: dict, variants: dict) -> dict:
     draft = plan["draft"]
     d_dir, d_name = _dir_name((variants.get(draft["variant"]) or {}).get("path") if draft else None)
     return {
-        "network": {"host": "127.0.0.1", "port": int(settings.get("export_port", 5000))},
+        "network": {"host": "127.0.0.1", "port": int(settings.get("export_port") or 5000)},
         "model": {
             "model_dir": model_dir, "model_name": model_name, "backend": "exllamav2",
             "max_seq_len": plan["max_seq_len"], "cache_size": plan["cache_size"],

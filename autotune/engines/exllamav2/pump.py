@@ -1,7 +1,8 @@
 """One thread that drives exllamav2's dynamic generator and routes its results to requests.
 
 :class:`JobPump` needs only the generator's ``enqueue(job)``, ``iterate() -> list[dict]`` and
-``num_remaining_jobs() -> int`` (``exllamav2/generator/dynamic.py::ExLlamaV2DynamicGenerator``),
+``num_remaining_jobs() -> int`` and ``cancel(job)``
+(``exllamav2/generator/dynamic.py::ExLlamaV2DynamicGenerator``),
 so it runs on CPU with a fake generator in the tests. Each request gets a queue of
 ``(arrival time, result)``; when ``iterate()`` raises (an OOM in a batch, a CUDA error) the
 exception is kept and every waiting request is woken at once and raises it, instead of
@@ -40,13 +41,19 @@ class JobPump:
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._queues: dict[int, queue.Queue] = {}
+        self._jobs: dict[int, Any] = {}
         self._next_id = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="exl2-pump", daemon=True)
         self._thread.start()
 
     def submit(self, make_job: Callable[[int], Any]) -> tuple[int, float, queue.Queue]:
-        """Enqueue ``make_job(identifier)``; returns (identifier, submit time, result queue)."""
+        """Enqueue ``make_job(identifier)``; returns (identifier, submit time, result queue).
+
+        The submit time is taken before waiting for the lock: the pump thread holds it for a
+        whole ``iterate()``, and that wait is part of the request's time to first token.
+        """
+        t0 = time.perf_counter()
         with self._lock:
             if self.error is not None:
                 raise PumpFailed(self.error)
@@ -54,16 +61,20 @@ class JobPump:
             self._next_id += 1
             q: queue.Queue = queue.Queue()
             self._queues[ident] = q
-            t0 = time.perf_counter()
-            self.generator.enqueue(make_job(ident))
+            job = make_job(ident)
+            self._jobs[ident] = job
+            self.generator.enqueue(job)
         return ident, t0, q
 
     def results(self, ident: int, q: queue.Queue, timeout_s: float) -> Iterator[tuple[float, dict]]:
         """The job's results with their arrival times, up to the one with ``eos``.
 
         Raises PumpFailed as soon as the pump thread fails, TimeoutError after ``timeout_s``
-        without a result.
+        without a result. A job that does not finish (timeout, or the caller stops reading) is
+        cancelled in the generator (``ExLlamaV2DynamicGenerator.cancel(job)``), so it does not
+        keep its cache pages and its place in the batch.
         """
+        finished = False
         try:
             while True:
                 try:
@@ -75,10 +86,15 @@ class JobPump:
                     raise PumpFailed(self.error or RuntimeError("unknown error"))
                 yield item
                 if item[1].get("eos"):
+                    finished = True
                     return
         finally:
             with self._lock:
                 self._queues.pop(ident, None)
+                job = self._jobs.pop(ident, None)
+                cancel = getattr(self.generator, "cancel", None)
+                if not finished and job is not None and self.error is None and cancel is not None:
+                    cancel(job)
 
     def _run(self) -> None:
         try:

@@ -31,7 +31,9 @@ from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
 from autotune.engines.llamacpp.gguf_memory import peak_rss_mb
+from autotune.engines.llamacpp.gpu import decode_failure_reason
 from autotune.engines.llamacpp.gpu import fa_pair_reasons
+from autotune.engines.llamacpp.gpu import load_failure_reason
 from autotune.engines.llamacpp.gpu import visible_count
 from autotune.engines.llamacpp.gpu import visible_split
 from autotune.engines.variants import resolve_variant
@@ -44,7 +46,7 @@ from autotune.measure.types import Generation
 
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 8, "q4_0": 2, "q4_1": 3, "iq4_nl": 20, "q5_0": 6, "q5_1": 7}
 UNQUANTIZED_KV = ("f32", "f16")
-SPLIT_MODES = {"none": 0, "layer": 1, "row": 2}
+SPLIT_MODES = {"none": 0, "layer": 1, "row": 2, "tensor": 3}  # LLAMA_SPLIT_MODE_*, -sm
 GPU_KNOBS = ("n_gpu_layers", "split_mode", "tensor_split", "main_gpu")
 
 
@@ -65,6 +67,7 @@ class LlamaCppEngine(Engine):
 
     name = "llamacpp"
     predictor = "autotune.engines.llamacpp.predict:predict_llamacpp"
+    context_knob = "n_ctx"
     settings_schema = LlamaCppSettings
     max_concurrency: ClassVar[int] = 1  # one in-process Llama: no batching of requests
     knobs = {
@@ -193,6 +196,13 @@ class LlamaCppEngine(Engine):
         sh_path.chmod(0o755)
         return [kw_path, sh_path]
 
+    @classmethod
+    def check_export(cls, files: list[Path]) -> list[str]:
+        """llama-server.sh's flags and model, llama_cpp_kwargs.json's model_path."""
+        from autotune.engines.llamacpp.export_check import check_llama_files
+
+        return check_llama_files(files)
+
     # ---- worker side ----------------------------------------------------------------
     def _load(self, logits_all: bool = False, n_ctx: int | None = None):
         import llama_cpp
@@ -225,8 +235,11 @@ class LlamaCppEngine(Engine):
         kw["verbose"] = bool(self.settings.get("verbose", False))
         try:
             return llama_cpp.Llama(**kw)
-        except ValueError as e:
-            raise InfeasibleConfig(f"llama.cpp rejected the configuration: {e}") from e
+        except ValueError as e:  # infeasible, or a real failure such as a wrong model path
+            reason = load_failure_reason(e, bool(kw["n_gpu_layers"]))
+            if reason is None:
+                raise
+            raise InfeasibleConfig(reason) from e
 
     def start(self) -> None:
         p = self.full_params(self.params, self.settings, self.variants)
@@ -271,13 +284,19 @@ class LlamaCppEngine(Engine):
         times: list[float] = []
         t0 = time.perf_counter()
         greedy = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0, "repeat_penalty": 1.0}
-        for tok in llm.generate(tokens, reset=True, **greedy):
-            times.append(time.perf_counter() - t0)
-            if tok == eos and not ignore_eos:
-                break
-            out.append(tok)
-            if len(out) >= max_tokens:
-                break
+        try:
+            for tok in llm.generate(tokens, reset=True, **greedy):
+                times.append(time.perf_counter() - t0)
+                if tok == eos and not ignore_eos:
+                    break
+                out.append(tok)
+                if len(out) >= max_tokens:
+                    break
+        except RuntimeError as e:  # llama_decode returned N: out of memory is infeasible
+            reason = decode_failure_reason(e)
+            if reason is None:
+                raise
+            raise InfeasibleConfig(reason) from e
         e2e = time.perf_counter() - t0
         text = llm.detokenize(out).decode("utf-8", "replace")
         gen = Generation(len(tokens), len(out), times[: len(out)] or times, e2e, text, out)

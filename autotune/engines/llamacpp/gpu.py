@@ -12,11 +12,23 @@ says so with ``engine.settings.cuda_fa_all_quants: true``.
 Renumbering: Ray gives a trial as many GPUs as ``tensor_split`` has non-zero entries and sets
 ``CUDA_VISIBLE_DEVICES``, so llama.cpp sees them as 0..n-1. :func:`visible_split` drops the zero
 entries of a longer ``tensor_split`` and moves ``main_gpu`` to the same device's new index.
+
+Failures: :func:`load_failure_reason` and :func:`decode_failure_reason` say which
+llama-cpp-python errors mean "this configuration does not fit" (infeasible, pruned) and which
+are real failures (a wrong model path must be seen, not pruned).
 """
 
 from __future__ import annotations
 
 import os
+import re
+
+# llama.h, llama_decode: 1 = no KV slot for the batch (context too small for it), -2 = the
+# compute buffers could not be allocated (GGML_STATUS_ALLOC_FAILED: out of memory). Other codes
+# (-1 invalid batch, -3 compute failed, 2 aborted) are real failures.
+_DECODE = re.compile(r"llama_(?:decode|encode) returned (-?\d+)")
+DECODE_INFEASIBLE = {1: "no KV cache slot for the batch (n_ctx too small)",
+                     -2: "out of memory: llama.cpp could not allocate its compute buffers"}
 
 FA_PAIRS_DEFAULT = frozenset({("f16", "f16"), ("q4_0", "q4_0"), ("q8_0", "q8_0"), ("bf16", "bf16")})
 
@@ -67,3 +79,27 @@ def visible_split(tensor_split: list | None, main_gpu: int, n_visible: int | Non
         note = (note + "; " if note else "") + f"main_gpu {main_gpu} is not visible: using 0"
         main_gpu = 0
     return split, main_gpu, note
+
+
+def load_failure_reason(exc: BaseException, gpu_offload: bool) -> str | None:
+    """Why ``llama_cpp.Llama(...)`` failing means an infeasible configuration; None if real.
+
+    llama-cpp-python 0.3.36 raises ValueError for everything (``_internals.py``): "Model path
+    does not exist" and "Failed to get vocab" are real failures; "Failed to create
+    llama_context" is the context's buffers not fitting (n_ctx, n_batch, KV type); "Failed to
+    load model from file" is infeasible only with GPU offload (the weights' GPU buffers).
+    """
+    text = str(exc)
+    if not isinstance(exc, ValueError) or "does not exist" in text or "Failed to get vocab" in text:
+        return None
+    if "Failed to create llama_context" in text or ("Failed to load model" in text and gpu_offload):
+        return f"llama.cpp rejected the configuration: {text}"
+    return None
+
+
+def decode_failure_reason(exc: BaseException) -> str | None:
+    """Why a ``llama_decode returned N`` error during generation is infeasible; None if real."""
+    m = _DECODE.search(str(exc))
+    if m is None or int(m.group(1)) not in DECODE_INFEASIBLE:
+        return None
+    return f"{DECODE_INFEASIBLE[int(m.group(1))]} ({m.group(0)})"

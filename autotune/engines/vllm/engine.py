@@ -38,6 +38,7 @@ from autotune.engines.vllm.gpu import batch_defaults
 from autotune.engines.vllm.gpu import choose_python
 from autotune.engines.vllm.gpu import python_reasons
 from autotune.engines.vllm.gpu import spec_counters
+from autotune.engines.vllm.gpu import vram_need_gb
 from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.hardware import VramSampler
@@ -74,12 +75,31 @@ BOOL_FLAGS = {
     "enforce_eager": "--enforce-eager",
 }
 # Startup failures that mean "this configuration cannot run", not "the tuner is broken".
+# Memory and argument errors count wherever they are in the log tail; a ValueError or
+# NotImplementedError only when it is the exception that ended the server (the last
+# "Name: message" line), so a warning that mentions ValueError, or a wrong model path (OSError,
+# HFValidationError), is not pruned as infeasible.
 INFEASIBLE_LOG = re.compile(
-    r"(ValueError|out of memory|OutOfMemory|error: argument|invalid choice|"
-    r"Insufficient memory|No available memory for the cache blocks|is greater than|"
-    r"unrecognized arguments|NotImplementedError|is not supported)",
+    r"(CUDA out of memory|OutOfMemoryError|Insufficient memory|"
+    r"No available memory for the cache blocks|: error: argument|invalid choice|"
+    r"unrecognized arguments)",
     re.IGNORECASE,
 )
+FINAL_ERROR = re.compile(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.*)$", re.M)
+REFUSED_ERRORS = ("ValueError", "NotImplementedError")
+MODEL_MISSING = re.compile(r"does not exist|No such file|Repo id|not a valid model|"
+                           r"does not appear to have a file", re.IGNORECASE)
+
+
+def infeasible_reason(tail: str) -> str | None:
+    """What in a failed vLLM start's log tail marks the configuration infeasible (None: a real failure)."""
+    m = INFEASIBLE_LOG.search(tail)
+    if m:
+        return m.group(0)
+    final = FINAL_ERROR.findall(tail)
+    if final and final[-1][0] in REFUSED_ERRORS and not MODEL_MISSING.search(final[-1][1]):
+        return f"{final[-1][0]}: {final[-1][1].strip()[:200]}"
+    return None
 
 
 def default_python(settings: dict | None = None) -> str:
@@ -115,6 +135,7 @@ class VLLMEngine(OpenAIServerEngine):
 
     name = "vllm"
     predictor = "autotune.engines.vllm.predict:predict_vllm"
+    context_knob = "max_model_len"
     settings_schema = VLLMSettings
     supports_quality = False  # an OpenAI server returns no full next-token distributions
     knobs = {
@@ -153,9 +174,14 @@ class VLLMEngine(OpenAIServerEngine):
         resolved config. Unset knobs are never passed as flags, so vLLM still decides.
         """
         out: dict[str, Any] = {**(CPU_DEFAULTS if settings.get("device") == "cpu" else GPU_DEFAULTS)}
-        # the batch limits depend on the GPU (vLLM's get_batch_defaults): the planned GPUs, else this machine's
+        # the batch limits depend on the GPU (vLLM's get_batch_defaults): the planned GPUs, else this
+        # machine's; with neither (a CPU driver for a GPU cluster) they stay unset, so vLLM picks the
+        # card's own defaults where the trial runs (tuning them then needs settings.gpus).
         gpus = settings.get("gpus") or [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]
-        out.update(batch_defaults(settings, out, gpus))
+        if gpus or settings.get("device") == "cpu":
+            out.update(batch_defaults(settings, out, gpus))
+        else:
+            out.update(max_num_seqs=None, max_num_batched_tokens=None)
         out.update(settings.get("defaults") or {})
         if variants:
             out["model"] = settings.get("default_variant") or next(iter(variants))
@@ -280,9 +306,9 @@ class VLLMEngine(OpenAIServerEngine):
     def _startup_failed(self, error: Exception) -> Exception:
         text = str(error)
         tail = getattr(error, "log_tail", "") or text
-        m = INFEASIBLE_LOG.search(tail)
-        if m and not isinstance(error, TimeoutError):
-            return InfeasibleConfig(f"vLLM refused the configuration ({m.group(0)}): {text[-1500:]}")
+        why = infeasible_reason(tail)
+        if why and not isinstance(error, TimeoutError):
+            return InfeasibleConfig(f"vLLM refused the configuration ({why}): {text[-1500:]}")
         return error
 
     def request_fields(self) -> dict:
@@ -303,21 +329,48 @@ class VLLMEngine(OpenAIServerEngine):
             return None
 
     def measure(self, workload) -> tuple[dict[str, float], dict]:
-        """The shared loop; with speculative decoding, ``accept_rate`` from the server's /metrics."""
+        """The shared loop; with speculative decoding, ``accept_rate`` from the server's /metrics.
+
+        The "before" reading is taken once the warm-up requests are done (in :meth:`generate`),
+        so the rate covers the measured requests only.
+        """
+        from autotune.measure.levels import as_workload
+
         spec = self.full_params(self.params, self.settings).get("speculative") not in (None, "none")
-        before = self._spec_counters() if spec else None
+        self._spec_before = None
+        self._warmup_left = as_workload(workload).warmup if spec else 0
+        if spec and not self._warmup_left:
+            self._spec_before = self._spec_counters()
         metrics, raw = super().measure(workload)
+        before = self._spec_before
         after = self._spec_counters() if before is not None else None
         rate = accept_rate(before, after) if after is not None else None
         if rate is not None:
             metrics["accept_rate"], self.info["drafted_tokens"] = rate
         return metrics, raw
 
+    def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True):
+        gen = super().generate(prompt, max_tokens, ignore_eos)
+        if getattr(self, "_warmup_left", 0) > 0:  # the warm-up runs one request at a time
+            self._warmup_left -= 1
+            if not self._warmup_left:
+                self._spec_before = self._spec_counters()
+        return gen
+
     def memory(self) -> dict[str, float]:
         out = super().memory()
         if getattr(self, "_vram", None) is not None:
-            out["vram_peak_gb"] = self._vram.peak_gb
-            self.info["vram_per_gpu_gb"] = dict(self._vram.per_gpu)
+            peak = self._vram.peak_gb
+            self.info.update(vram_per_gpu_gb=dict(self._vram.per_gpu), vram_reserved_gb=peak)
+            tp = int(self.full_params(self.params, self.settings).get("tensor_parallel_size") or 1)
+            log = getattr(self, "log_path", None)
+            text = log.read_text(errors="replace") if log is not None and log.exists() else ""
+            need = vram_need_gb(peak, text, tp)
+            if need is not None:
+                peak, self.info["vram_need"] = need
+            else:
+                self.info["vram_need"] = "vLLM's log has no KV pool lines: the peak is what was reserved"
+            out["vram_peak_gb"] = peak
         return out
 
     def stop(self) -> None:

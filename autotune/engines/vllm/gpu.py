@@ -13,6 +13,12 @@ Pure functions, tested on CPU:
 - :func:`spec_counters` / :func:`accept_rate` read the speculative-decoding counters of
   ``/metrics`` (``vllm:spec_decode_num_draft_tokens_total``,
   ``vllm:spec_decode_num_accepted_tokens_total``) and turn a before/after pair into a rate.
+- :func:`vram_need_gb`: what the configuration needs, not what ``gpu_memory_utilization``
+  reserved. vLLM fills its budget with KV cache, so the sampled peak is ~ util x total; the
+  need is that peak less the part of the KV pool that one ``max_model_len`` request (the
+  least vLLM starts with) does not use, read from vLLM's own startup log
+  (``gpu_worker.py`` "Available KV cache memory: A GiB", per rank;
+  ``kv_cache_utils.py`` "Maximum concurrency for L tokens per request: Cx").
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "pyth
 GIB = float(1 << 30)
 DRAFTED = "vllm:spec_decode_num_draft_tokens"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+_KV_POOL = re.compile(r"Available KV cache memory: ([0-9.]+) GiB")
+_CONCURRENCY = re.compile(r"Maximum concurrency for [0-9,]+ tokens per request: ([0-9.]+)x")
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.M)
 
 
@@ -111,3 +119,19 @@ def accept_rate(before: dict[str, float], after: dict[str, float]) -> tuple[floa
     if drafted <= 0:
         return None
     return (after[ACCEPTED] - before[ACCEPTED]) / drafted, drafted
+
+
+def vram_need_gb(peak_gb: float, log_text: str, tensor_parallel_size: int = 1) -> tuple[float, str] | None:
+    """(GiB the trial needs, how it was derived) from the sampled peak and vLLM's startup log.
+
+    need = peak - tp * A * (1 - 1/C): the KV pool ``A`` (per rank) holds ``C`` full-length
+    requests; one is kept. None when the log lacks either line (the peak stands).
+    """
+    pools, conc = _KV_POOL.findall(log_text), _CONCURRENCY.findall(log_text)
+    if not pools or not conc:
+        return None
+    pool, c = float(pools[-1]), max(float(conc[-1]), 1.0)
+    unused = int(tensor_parallel_size) * pool * (1.0 - 1.0 / c)
+    need = max(peak_gb - unused, 0.0)
+    return need, (f"sampled peak {peak_gb:.2f} GiB less {unused:.2f} GiB of KV pool beyond one "
+                  f"max_model_len request (pool {pool:g} GiB/rank, {c:g}x concurrency)")
