@@ -14,13 +14,25 @@ parameters the template accepts), ``health_path`` (default ``/v1/models``),
 ``env`` (extra environment, templated too), ``request`` (extra request fields),
 ``count_path`` (a token-count endpoint for servers that send no ``usage`` chunk, e.g.
 llama-cpp-python's ``/extras/tokenize/count``), ``num_cpus`` / ``num_gpus`` (resources),
-``vars`` (constants usable as placeholders); the schema is :class:`OpenAIServerSettings`.
+``vars`` (constants usable as placeholders), ``context_knob`` (the declared knob that sets
+the context, e.g. ``n_ctx``: the context ladder stays within it and the config check
+refuses contexts too small for the workload); the schema is :class:`OpenAIServerSettings`.
 The template is rendered by the same code as the ``command`` engine's
 (:mod:`autotune.engines._argv`), with items that render to '' dropped.
+
+A server that reads a config file gets one from ``config_file``: ``{path: config.yml,
+format: yaml | json, template: {...}}``. The template is any YAML/JSON structure; a string
+that is exactly one placeholder (``"{cache_mode}"``) takes the value itself (an int stays an
+int, None stays null), any other string is filled as text like an argv item. Keys are never
+templated. The file is written into the trial's workdir before the server starts (and next
+to ``server.sh`` by the export), and ``{config_path}`` names it in ``argv``: TabbyAPI's
+``config.yml``, ``vllm serve --config`` or SGLang's ``--config`` fit without new code. No
+shell is ever involved: values go into the document, never through a command line.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -31,9 +43,13 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from autotune._files import write_atomic
 from autotune.engines._argv import render_argv
 from autotune.engines._argv import render_item
+from autotune.engines._config_doc import check_config_file
+from autotune.engines._config_doc import render_document
 from autotune.engines._openai_stream import HOST
 from autotune.engines._openai_stream import free_port
 from autotune.engines._openai_stream import post_json
@@ -48,6 +64,7 @@ from autotune.engines.variants import resolve_variant
 from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.errors import RequestRejected
+from autotune.errors import unknown_name
 from autotune.measure.types import Generation
 
 STOP_GRACE_S = 10.0
@@ -80,6 +97,8 @@ class OpenAIServerSettings(ServerSettings):
     vars: dict = field(default_factory=dict)  # constants usable as {name} in argv and env
     num_gpus: float = 0.0  # Ray GPUs per trial
     export_port: int = 8000  # the port written into server.sh
+    context_knob: str | None = None  # the declared knob that sets the server's context (n_ctx...)
+    config_file: dict = field(default_factory=dict)  # {path, format: yaml|json, template}
 
 
 def knobs_from_settings(settings: dict, path: str = "engine.settings.knobs") -> dict[str, Knob]:
@@ -135,6 +154,19 @@ class OpenAIServerEngine(Engine):
         values = cls._placeholder_values(cls.default_params(settings, variants), settings, 0, "", "")
         values |= dict.fromkeys(cls.knobs_for(settings))  # None: names checked, nothing rendered
         render_argv(argv, values, f"{path}.settings.argv", drop_empty=True)
+        if settings.get("config_file"):
+            check_config_file(settings["config_file"], f"{path}.settings.config_file")
+            render_document(settings["config_file"]["template"], values,
+                            f"{path}.settings.config_file.template")
+        knob = settings.get("context_knob")
+        if knob is not None and knob not in cls.knobs_for(settings):
+            raise unknown_name(f"{path}.settings.context_knob", knob,
+                               [k for k in cls.knobs_for(settings) if k != "model"], "declared knob")
+
+    @classmethod
+    def context_knob_for(cls, settings: dict) -> str | None:
+        """The knob named by ``settings.context_knob`` (a template server declares its own)."""
+        return settings.get("context_knob") or cls.context_knob
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
@@ -145,8 +177,28 @@ class OpenAIServerEngine(Engine):
     def _placeholder_values(cls, params: dict, settings: dict, port: int, model_path: str,
                             workdir: str) -> dict[str, Any]:
         fixed = {k: v for k, v in settings.items() if not isinstance(v, dict)}
+        name = cls.config_file_name(settings)
         return {**(settings.get("vars") or {}), **fixed, **params, "port": port, "host": HOST, "model_path": model_path,
-                "python": settings.get("python") or sys.executable, "workdir": workdir}
+                "python": settings.get("python") or sys.executable, "workdir": workdir,
+                "config_path": str(Path(workdir) / name) if name else ""}
+
+    @classmethod
+    def config_file_name(cls, settings: dict) -> str | None:
+        """The config file's name in the trial's workdir (None: the server reads none)."""
+        return (settings.get("config_file") or {}).get("path")
+
+    @classmethod
+    def config_text(cls, params: dict, settings: dict, variants: dict, port: int, model_path: str,
+                    workdir: str = ".") -> str | None:
+        """The server's config file for ``params`` (None without one); subclasses build their own."""
+        spec = settings.get("config_file") or {}
+        if not spec:
+            return None
+        values = cls._placeholder_values(params, settings, port, model_path, workdir)
+        doc = render_document(spec["template"], values, "engine.settings.config_file.template")
+        if spec.get("format", "yaml") == "json":
+            return json.dumps(doc, indent=2) + "\n"
+        return yaml.safe_dump(doc, sort_keys=False)
 
     @classmethod
     def server_argv(cls, params: dict, settings: dict, port: int, model_path: str,
@@ -173,10 +225,16 @@ class OpenAIServerEngine(Engine):
         env = cls.server_env(p, settings, port, model_path, ".")
         lines = ["#!/usr/bin/env sh", "# Winner exported by autotune (engine openai_server)."]
         lines += [f"export {k}={shlex.quote(val)}" for k, val in env.items()]
+        files = []
+        text = cls.config_text(p, settings, variants, port, model_path, ".")
+        if text is not None:  # the config file lies next to server.sh, which runs from there
+            files.append(out_dir / cls.config_file_name(settings))
+            write_atomic(files[-1], text)
+            lines.append('cd "$(dirname "$0")"')
         path = out_dir / "server.sh"
         write_atomic(path, "\n".join(lines + [shlex.join(argv)]) + "\n")
         path.chmod(0o755)
-        return [path]
+        return [path, *files]
 
     # ---- worker side -------------------------------------------------------------
     def _model_path(self) -> str:
@@ -203,6 +261,12 @@ class OpenAIServerEngine(Engine):
         model_path = self._model_path()
         argv, env = self._argv_env(self.port, model_path)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        p = self.full_params(self.params, self.settings, self.variants)
+        text = self.config_text(p, self.settings, self.variants, self.port, model_path, str(self.workdir))
+        if text is not None:  # written before the server starts: it reads it at start-up
+            self.config_path = self.workdir / self.config_file_name(self.settings)
+            write_atomic(self.config_path, text)
+            self.info["server_config"] = str(self.config_path)
         self.log_path = self.workdir / "server.log"
         self.info.update(server_argv=argv, server_port=self.port, server_log=str(self.log_path))
         if model_path:
@@ -323,3 +387,4 @@ def descendants(pid: int) -> list[tuple[int, str]]:
             out.append(child)
             todo.append(child[0])
     return out
+

@@ -4,7 +4,7 @@
 - ``llama-server.sh``: every flag and value is one the llama.cpp that llama-cpp-python ships
   accepts (a real ``llama-server`` is started too where one is on PATH);
 - ``vllm-serve.sh``: starts the vLLM server of ``.venv-vllm`` and answers a completion;
-- ``tabbyapi.yml``: validates with TabbyAPI's config model (:mod:`autotune.engines.exllamav2.tabby_schema`).
+- ``tabbyapi.yml``: validates with TabbyAPI's config model (:mod:`autotune.engines.tabbyapi.check`).
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ def test_vllm_serve_sh_starts_the_venv_server_and_answers(tmp_path: Path, tiny_l
 
 
 def test_tabbyapi_export_validates_with_tabbyapi_config_model(tmp_path: Path) -> None:
-    from autotune.engines.exllamav2 import tabby_schema
     from autotune.engines.exllamav2.engine import ExLlamaV2Engine
+    from autotune.engines.tabbyapi import check as tabby_check
 
     gpus = {"gpus": [{"name": "RTX 5090", "memory_gb": 32}, {"name": "RTX 4090", "memory_gb": 24}]}
     variants = {"l70": {"path": "/models/Llama-3.1-70B-exl2-4.0bpw"}, "d": {"path": "/drafts/Llama-3.2-1B-exl2"}}
@@ -187,7 +187,7 @@ def test_tabbyapi_export_validates_with_tabbyapi_config_model(tmp_path: Path) ->
                    {"draft_model": "d", "num_draft_tokens": 4, "draft_cache_mode": "Q8", "max_batch_size": 8}):
         (f,) = [x for x in ExLlamaV2Engine.export({"model": "l70", **params}, gpus, variants, tmp_path)
                 if x.name == "tabbyapi.yml"]
-        assert tabby_schema.validate(yaml.safe_load(f.read_text())) == []
+        assert tabby_check.validate(yaml.safe_load(f.read_text())) == []
 
 
 def test_an_export_that_cannot_run_says_so_in_the_file_and_the_notes(tmp_path: Path) -> None:

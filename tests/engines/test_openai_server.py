@@ -1,4 +1,5 @@
-"""OpenAIServerEngine and the streaming client: argv templates, SSE parsing, a real server.
+"""OpenAIServerEngine and the streaming client: argv templates, config-file templates, SSE
+parsing, real servers.
 
 The slow test runs llama-cpp-python's own server (``python -m llama_cpp.server``) on the
 shipped gemma-3 270M model through the real trial runner.
@@ -6,10 +7,12 @@ shipped gemma-3 270M model through the real trial runner.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from autotune.engines._argv import render_argv
 from autotune.engines._openai_stream import ServerExited
@@ -156,3 +159,92 @@ def test_llama_cpp_server_real_trial(gemma_path: Path, tmp_path: Path, assert_se
     assert result.info["token_count_source"] == "length"
     assert_server_gone(result.info["server_pid"], result.info["server_port"])
     print(f"\nllama_cpp.server: decode {m['decode_tps']:.1f} tok/s, TTFT p50 {m['ttft_p50_ms']:.0f} ms")
+
+
+# ---- a config file rendered from the trial's knobs (settings.config_file) ----------------------
+FAKE_TABBY = Path(__file__).resolve().parents[1] / "helpers" / "fake_tabbyapi.py"
+TABBY_TEMPLATE = {
+    "network": {"host": "{host}", "port": "{port}", "disable_auth": True},
+    "model": {"model_dir": "{models}", "model_name": "tiny-exl3", "backend": "exllamav3",
+              "cache_mode": "{k_bits},{v_bits}", "max_seq_len": "{max_seq_len}",
+              "cache_size": "{max_seq_len}", "gpu_split": "{gpu_split}"},
+}
+
+
+def tabby_settings(models: Path, fmt: str = "yaml") -> dict:
+    """TabbyAPI's config.yml as a plain openai_server template (here: the FAKE TabbyAPI)."""
+    return {
+        "argv": ["{python}", str(FAKE_TABBY)],
+        "config_file": {"path": "config.yml", "format": fmt, "template": TABBY_TEMPLATE},
+        "knobs": {"k_bits": {"type": "int", "low": 2, "high": 8}, "v_bits": {"type": "int", "low": 2, "high": 8},
+                  "max_seq_len": {"type": "int", "low": 256, "high": 65536},
+                  "gpu_split": {"type": "list"}},
+        "defaults": {"k_bits": 8, "v_bits": 8, "max_seq_len": 2048, "gpu_split": []},
+        "vars": {"models": str(models)},
+        "health_path": "/health", "startup_timeout_s": 30,
+    }
+
+
+@pytest.fixture
+def tiny_models(tmp_path: Path) -> Path:
+    (tmp_path / "models" / "tiny-exl3").mkdir(parents=True)
+    (tmp_path / "models" / "tiny-exl3" / "config.json").write_text('{"fake_max_tokens": 8192, "fake_token_ms": 1}')
+    return tmp_path / "models"
+
+
+def test_render_document_keeps_types_and_fills_text() -> None:
+    from autotune.engines._config_doc import render_document
+
+    values = {"n": 4096, "on": True, "split": [30, 22], "none": None, "name": "m; rm -rf /", "k": 8}
+    doc = {"a": "{n}", "b": "{on}", "c": "{split}", "d": "{none}", "e": "{name}", "f": "{k},{k}",
+           "g": ["{n}", {"h": "x-{n}"}], "{n}": "keys are not templated", "i": 3, "j": "{{lit}}"}
+    assert render_document(doc, values, "t") == {
+        "a": 4096, "b": True, "c": [30, 22], "d": None, "e": "m; rm -rf /", "f": "8,8",
+        "g": [4096, {"h": "x-4096"}], "{n}": "keys are not templated", "i": 3, "j": "{lit}"}
+
+
+def test_config_file_settings_are_checked(tiny_models: Path) -> None:
+    good = tabby_settings(tiny_models)
+    OpenAIServerEngine.validate_settings(good, {})
+    bad_name = {**good, "config_file": {**good["config_file"], "template": {"x": "{max_seq}"}}}
+    with pytest.raises(ConfigError, match=r"config_file\.template\.x.*Did you mean: \{max_seq_len\}"):
+        OpenAIServerEngine.validate_settings(bad_name, {})
+    for key, value, match in [("path", "../config.yml", "file name"), ("format", "toml", "config format"),
+                              ("template", "a: 1", "mapping")]:
+        with pytest.raises(ConfigError, match=match):
+            OpenAIServerEngine.validate_settings({**good, "config_file": {**good["config_file"], key: value}}, {})
+    with pytest.raises(ConfigError, match="config_file key"):
+        OpenAIServerEngine.validate_settings({**good, "config_file": {**good["config_file"], "paht": "x"}}, {})
+
+
+def test_export_writes_the_config_next_to_server_sh(tmp_path: Path, tiny_models: Path) -> None:
+    s = {**tabby_settings(tiny_models, "json"), "argv": ["{python}", str(FAKE_TABBY), "--config", "{config_path}"]}
+    files = OpenAIServerEngine.export({"k_bits": 6, "v_bits": 4}, s, {}, tmp_path)
+    assert [f.name for f in files] == ["server.sh", "config.yml"]
+    doc = json.loads(files[1].read_text())
+    assert doc["model"]["cache_mode"] == "6,4" and doc["network"]["port"] == 8000
+    assert doc["model"]["max_seq_len"] == 2048 and doc["model"]["gpu_split"] == []
+    assert 'cd "$(dirname "$0")"' in files[0].read_text() and "--config config.yml" in files[0].read_text()
+
+
+def test_a_server_reads_its_rendered_config_file(tmp_path: Path, tiny_models: Path, assert_server_gone) -> None:
+    """The FAKE TabbyAPI, started by the plain openai_server engine, reads the rendered config.yml."""
+    from autotune.trial.runner import run_trial
+    from autotune.trial.spec import TrialSpec
+
+    def trial(n: int, params: dict):
+        return run_trial(TrialSpec(
+            number=n, engine="openai_server", settings=tabby_settings(tiny_models), variants={},
+            params=params, workload={"prompts": "short", "max_tokens": 6, "warmup": 0, "repeats": 2,
+                                     "concurrency": 1, "ignore_eos": True},
+            quality={"enabled": False}, timeout_s=60, workdir=str(tmp_path / f"t{n}")))
+
+    ok = trial(0, {"k_bits": 6, "v_bits": 4, "gpu_split": [20, 4]})
+    assert ok.status == "ok", ok.reason + ok.log_tail
+    written = yaml.safe_load(Path(ok.info["server_config"]).read_text())
+    assert written["model"]["cache_mode"] == "6,4" and written["model"]["gpu_split"] == [20, 4]
+    assert written["network"]["port"] == ok.info["server_port"]  # an int, not "1234"
+    assert ok.metrics["decode_tps"] > 0
+    assert_server_gone(ok.info["server_pid"], ok.info["server_port"])
+    refused = trial(1, {"max_seq_len": 1000})  # cache_size 1000: not a multiple of 256 in TabbyAPI
+    assert refused.status == "failed" and "ValidationError" in refused.reason

@@ -1,4 +1,4 @@
-"""The TabbyAPI export, checked key by key against TabbyAPI's own sample config.
+"""The TabbyAPI exports, checked against TabbyAPI's own sample configs and config models.
 
 ``tests/data/tabbyapi_config_sample.exl2-checkpoint.yml`` is a verbatim copy of
 config_sample.yml from the exl2-checkpoint branch (the last that drives exllamav2): every key
@@ -115,3 +115,79 @@ def test_config_is_loadable_by_tabby_style_merge(tmp_path: Path) -> None:
     ours = tabby_config({"model": "l70", **ExLlamaV2Engine.default_params(HYDRA, VARIANTS)}, HYDRA, VARIANTS)
     merged = {k: {**ref[k], **ours.get(k, {})} for k in ref}
     assert set(merged) == set(ref) and all(set(merged[k]) == set(ref[k]) for k in ref)
+
+
+# ---- every configuration of each preset's space validates against its branch's model ----------
+def _space_configurations(preset: str):
+    """(space, every distinct active configuration of the preset's space, the engine's settings)."""
+    import itertools
+
+    from autotune.config.compose import compose
+    from autotune.config.schema import load_config
+    from autotune.search.space import compile_space
+
+    cfg = load_config(compose([f"conf={preset}"]))
+    space = compile_space(cfg)
+    dims = [(p.name, p.values()) for p in space.params.values()]
+    assert all(v is not None for _, v in dims), "a continuous dimension cannot be enumerated"
+    seen: dict[tuple, dict] = {}
+    for combo in itertools.product(*(v for _, v in dims)):
+        params = space.restrict(dict(zip((n for n, _ in dims), combo)))
+        seen.setdefault(tuple(sorted(params.items())), params)
+    return space, list(seen.values()), dict(cfg.engine.settings), dict(cfg.engine.variants)
+
+
+@pytest.mark.parametrize(("preset", "branch", "backend"), [
+    ("hydra_cluster", "exl2-checkpoint", "exllamav2"),
+    ("hydra_cluster_exl3", "main", "exllamav3"),
+])
+def test_every_configuration_of_the_preset_validates_against_its_branch(preset: str, branch: str,
+                                                                        backend: str) -> None:
+    from autotune.engines.tabbyapi.check import branch_of
+    from autotune.engines.tabbyapi.check import validate
+
+    space, configs, settings, variants = _space_configurations(preset)
+    engine = space.engine
+    plan = __import__(f"autotune.engines.{backend}.plan", fromlist=["tabby_config"])
+    checked = 0
+    for params in configs:
+        if space.violations(params):  # refused before launch: never a winner
+            continue
+        doc = plan.tabby_config(engine.full_params(params, settings, variants), settings, variants)
+        assert doc["model"]["backend"] == backend and branch_of(doc) == branch
+        problems = validate(doc, branch)
+        assert problems == [], (params, problems)
+        checked += 1
+    assert checked > 1000, checked
+
+
+def test_each_export_validates_only_against_its_own_branch(tmp_path: Path) -> None:
+    """The exl2 form is refused by main (exllamav2 backend); main's k,v cache is fine on main."""
+    from autotune.engines.exllamav3.engine import ExLlamaV3Engine
+    from autotune.engines.tabbyapi.check import validate
+
+    exl2 = export(tmp_path / "a")[0]
+    assert validate(exl2, "exl2-checkpoint") == []
+    assert any("exllamav3 only" in p for p in validate(exl2, "main"))
+    v3 = {"l70": {"path": "/models/Llama-3.1-70B-exl3-4.0bpw", "bpw": 4.0}}
+    (f, *_) = ExLlamaV3Engine.export({"model": "l70", "cache_mode": "8,4"}, HYDRA, v3, tmp_path / "b")
+    assert validate(yaml.safe_load(f.read_text()), "main") == []
+
+
+def test_what_tabbyapi_cannot_represent_is_in_the_file_and_the_warnings(tmp_path: Path) -> None:
+    from autotune.engines.exllamav3.engine import ExLlamaV3Engine
+
+    _, text, files = export(tmp_path / "skip", layer_skip_threshold=0.98, draft_model="draft", num_draft_tokens=6)
+    warnings = tabby_warnings({"model": "l70", "layer_skip_threshold": 0.98,
+                               "draft_model": "draft", "num_draft_tokens": 6}, HYDRA)
+    assert set(warnings) <= set(ExLlamaV2Engine.export_warnings(
+        {"model": "l70", "layer_skip_threshold": 0.98, "draft_model": "draft", "num_draft_tokens": 6}, HYDRA))
+    assert any("layer skipping is not a TabbyAPI option" in w for w in warnings)
+    assert any("always drafts 4 tokens" in w for w in warnings)
+    assert all(f"# WARNING: {w}" in text for w in warnings)
+    v3 = {"l70": {"path": "/models/Llama-3.1-70B-exl3-4.0bpw", "bpw": 4.0}}
+    one = {"gpus": [{"name": "RTX 4090", "memory_gb": 24}]}
+    files = ExLlamaV3Engine.export({"model": "l70", "gpu_split": "20"}, one, v3, tmp_path / "v3")
+    text3 = files[0].read_text()
+    assert "# WARNING: TabbyAPI ignores gpu_split and tensor_parallel with a single GPU." in text3
+    assert "engine tabbyapi" in files[1].read_text()

@@ -1,38 +1,42 @@
-"""TabbyAPI's config model (exl2-checkpoint branch), reproduced to validate ``tabbyapi.yml``.
+"""TabbyAPI's config model on its ``main`` branch (ExLlamaV3 only), to validate ``tabbyapi.yml``.
 
-TabbyAPI validates ``config.yml`` with the pydantic models of its ``common/config_models.py``
-after dropping keys whose value is None (``common/tabby_config.py``: ``filter_none_values``
-then ``TabbyConfigModel.model_validate``). This module reproduces those models' types and
-checks (cache modes, ``max_seq_len >= -1``, ``cache_size`` a positive multiple of 256,
-``chunk_size > 0``, ``max_batch_size >= 1``, draft cache modes, LoRA scaling ``>= 0``...) so
-an export is checked without installing TabbyAPI. One deliberate difference: unknown keys are
-refused (``extra="forbid"``), where TabbyAPI silently ignores them, because a misspelt key in
-an export would silently fall back to TabbyAPI's default.
+Reproduced from theroyallab/tabbyAPI ``common/config_models.py`` at commit e632af41 (branch
+main, August 2026). Since July 2026 main drives exllamav3 only: ``common/model.py``'s
+``validate_backend`` refuses ``backend: exllamav2`` and EXL2/GPTQ models. Against the
+exl2-checkpoint model (:mod:`autotune.engines.tabbyapi.schema_exl2`) main adds
+``network.sse_ping_interval``, ``model.cpu_moe_offload_layers``, ``template_vars_default`` /
+``template_vars_force``, ``start_in_reasoning``, ``tool_calls_in_reasoning``,
+``reasoning_budget_tokens`` / ``reasoning_budget_message``, ``harmony``, ``muse_glimmer``,
+``draft_model.dynamic_draft`` and ``memory.sysmem_kv_cache``, and drops
+``reasoning_suppress_header``. The sections that are the same on both branches are imported
+from the exl2-checkpoint module.
 
-The exllamav2 backend adds two load-time rules that are not in the pydantic model; they are
-checked by :func:`validate` too: ``cache_size >= max_seq_len`` (else TabbyAPI truncates
-max_seq_len) and ``chunk_size`` a multiple of 256 (else TabbyAPI rounds it up).
+As there, unknown keys are refused (TabbyAPI ignores them) and :func:`validate` adds the
+exllamav3 backend's load-time rules (``backends/exllamav3/model.py``): the backend must be
+exllamav3, ``max_seq_len`` is cut to ``cache_size``, ``chunk_size`` is rounded up to a
+multiple of 256, and n-gram drafting needs ``ngram_match_min > 0``.
 """
 
 from __future__ import annotations
 
-from typing import Any
 from typing import Literal
-from typing import Union
 
-from pydantic import BaseModel
-from pydantic import ConfigDict
 from pydantic import Field
 from pydantic import ValidationError
-from pydantic import constr
 from pydantic import field_validator
 
-CACHE_SIZES = Literal["FP16", "Q8", "Q6", "Q4"]
-CACHE_TYPE = Union[CACHE_SIZES, constr(pattern=r"^[2-8]\s*,\s*[2-8]$")]  # noqa: UP007
+from autotune.engines.tabbyapi.schema_exl2 import CACHE_SIZES
+from autotune.engines.tabbyapi.schema_exl2 import CACHE_TYPE
+from autotune.engines.tabbyapi.schema_exl2 import ConfigOverrideConfig
+from autotune.engines.tabbyapi.schema_exl2 import DeveloperConfig
+from autotune.engines.tabbyapi.schema_exl2 import EmbeddingsConfig
+from autotune.engines.tabbyapi.schema_exl2 import LoggingConfig
+from autotune.engines.tabbyapi.schema_exl2 import LoraConfig
+from autotune.engines.tabbyapi.schema_exl2 import SamplingConfig
+from autotune.engines.tabbyapi.schema_exl2 import _drop_none
+from autotune.engines.tabbyapi.schema_exl2 import _Section
 
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+BACKENDS = ("exllamav3",)
 
 
 class NetworkConfig(_Section):
@@ -42,18 +46,12 @@ class NetworkConfig(_Section):
     disable_fetch_requests: bool | None = False
     send_tracebacks: bool | None = False
     api_servers: list[Literal["oai", "kobold"]] | None = ["oai"]
+    sse_ping_interval: int | None = Field(15, ge=0)
 
     @field_validator("api_servers", mode="before")
     @classmethod
-    def _lower(cls, v: Any) -> Any:
+    def _lower(cls, v):
         return [s.lower() for s in v] if isinstance(v, list) else v
-
-
-class LoggingConfig(_Section):
-    log_prompt: bool | None = False
-    log_generation_params: bool | None = False
-    log_requests: bool | None = False
-    log_chat_completion_requests: bool | None = False
 
 
 class ModelConfig(_Section):
@@ -72,6 +70,7 @@ class ModelConfig(_Section):
     gpu_split_auto: bool | None = True
     autosplit_reserve: list[float] = [96]
     gpu_split: list[float] = Field(default_factory=list)
+    cpu_moe_offload_layers: int | None = 0
     rope_scale: float | None = 1.0
     rope_alpha: float | Literal["auto"] | None = None
     chunk_size: int | None = Field(2048, gt=0)
@@ -79,12 +78,19 @@ class ModelConfig(_Section):
     max_batch_size: int | None = Field(None, ge=1)
     prompt_template: str | None = None
     vision: bool | None = False
+    template_vars_default: dict = Field(default_factory=dict)
+    template_vars_force: dict = Field(default_factory=dict)
     force_enable_thinking: bool = False
     reasoning: bool = False
     reasoning_start_token: str = "<think>"
     reasoning_end_token: str = "</think>"
-    reasoning_suppress_header: str | None = None
+    start_in_reasoning: str = "auto"
+    tool_calls_in_reasoning: bool = True
+    reasoning_budget_tokens: int | None = None
+    reasoning_budget_message: str | None = None
     tool_format: str | None = None
+    harmony: bool | None = None
+    muse_glimmer: bool | None = None
 
 
 class DraftModelConfig(_Section):
@@ -96,46 +102,20 @@ class DraftModelConfig(_Section):
     draft_cache_mode: CACHE_SIZES | None = "FP16"
     draft_gpu_split: list[float] = Field(default_factory=list)
     draft_num_tokens: int | None = None
+    dynamic_draft: bool | None = False
     ngram_match_min: int | None = 2
-
-
-class SamplingConfig(_Section):
-    override_preset: str | None = None
-
-
-class LoraInstanceModel(_Section):
-    name: str | None = None
-    scaling: float = Field(1.0, ge=0)
-
-
-class LoraConfig(_Section):
-    lora_dir: str | None = "loras"
-    loras: list[LoraInstanceModel] | None = None
-
-
-class EmbeddingsConfig(_Section):
-    embedding_model_dir: str | None = "models"
-    embeddings_device: Literal["cpu", "auto", "cuda"] | None = "cpu"
-    embedding_model_name: str | None = None
 
 
 class MemoryConfig(_Section):
     sysmem_recurrent_cache: int | None = 4096
+    sysmem_kv_cache: int | None = 0
     cuda_malloc_async: bool | None = True
 
 
-class DeveloperConfig(_Section):
-    unsafe_launch: bool | None = False
-    disable_request_streaming: bool | None = False
-    realtime_process_priority: bool | None = False
-    seqlog: bool | None = False
-    seqlog_server_url: str | None = "http://localhost:5341"
-    seqlog_api_key: str | None = None
-
-
 class TabbyConfigModel(_Section):
-    """The whole ``config.yml``."""
+    """The whole ``config.yml`` (main branch)."""
 
+    config: ConfigOverrideConfig | None = None
     network: NetworkConfig | None = None
     logging: LoggingConfig | None = None
     model: ModelConfig | None = None
@@ -147,25 +127,23 @@ class TabbyConfigModel(_Section):
     developer: DeveloperConfig | None = None
 
 
-def _drop_none(value: Any) -> Any:
-    """TabbyAPI's ``filter_none_values``: unset (None) keys keep their defaults."""
-    if isinstance(value, dict):
-        return {k: _drop_none(v) for k, v in value.items() if v is not None}
-    return value
-
-
 def validate(config: dict) -> list[str]:
-    """Problems TabbyAPI would raise (or silently fix) loading ``config``; [] if none."""
+    """Problems TabbyAPI main would raise (or silently fix) loading ``config``; [] if none."""
     try:
         model = TabbyConfigModel.model_validate(_drop_none(config))
     except ValidationError as e:
         return [f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors()]
     out = []
-    m = model.model
+    m, d = model.model, model.draft_model
+    if m is not None and m.backend is not None and m.backend not in BACKENDS:
+        out.append(f"model.backend: {m.backend!r} is refused by TabbyAPI main (exllamav3 only; "
+                   "ExLlamaV2 lives on the exl2-checkpoint branch)")
     if m is not None and m.cache_size is not None and m.max_seq_len not in (None, -1) \
             and m.cache_size < m.max_seq_len:
         out.append(f"model.cache_size: {m.cache_size} < max_seq_len {m.max_seq_len}; "
                    "TabbyAPI would cut max_seq_len to the cache size")
     if m is not None and m.chunk_size is not None and m.chunk_size % 256:
         out.append(f"model.chunk_size: {m.chunk_size} is not a multiple of 256; TabbyAPI rounds it up")
+    if d is not None and d.draft_mode == "ngram" and (d.ngram_match_min or 0) <= 0:
+        out.append("draft_model.ngram_match_min: must be greater than 0 for n-gram drafting")
     return out
