@@ -49,3 +49,19 @@ def tail(path: str | Path | None, lines: int = 40, sep: str = "\n") -> str:
     except OSError:
         return ""
     return sep.join(data.rstrip().splitlines()[-lines:])
+
+
+def insert_comments(path: str | Path, lines: list[str]) -> None:
+    """Put ``# line`` comments after the shebang of a text file (at the top if it has none).
+
+    The file is rewritten atomically and keeps its mode (an exported script stays
+    executable). Nothing is written when ``lines`` is empty.
+    """
+    if not lines:
+        return
+    path = Path(path)
+    text = path.read_text().splitlines(keepends=True)
+    at = 1 if text and text[0].startswith("#!") else 0
+    mode = path.stat().st_mode
+    write_atomic(path, "".join(text[:at] + [f"# {x}\n" for x in lines] + text[at:]))
+    path.chmod(mode)

@@ -8,6 +8,11 @@ together, it only hides the cycle from the interpreter. `from pkg.a import b` po
 
 Also: starting the CLI (`import autotune.cli.main`, `autotune --help`) loads no heavy library; those
 are imported where they are used (the trial worker, the driver, a sub-command's function).
+
+Layering: the stages a trial runs through below the driver (`engines`, `measure`, `trial`,
+`objectives`) import nothing from the stages above them (`config`, `search`, `run`, `record`,
+`output`, `cli`), counting the same statements; and `measure/` reaches an engine only through the
+`Generator` protocol (no `getattr(engine, ...)`).
 """
 
 from __future__ import annotations
@@ -257,3 +262,85 @@ def test_the_scan_ignores_acyclic_and_outside_imports(tmp_path):
         ("pkg.b", "pkg.c"),
     }
     assert find_cycles(edges) == []
+
+
+# ---- layering: the stages below the driver import nothing above them ----------------------------
+LOWER = ("autotune.engines", "autotune.measure", "autotune.trial", "autotune.objectives")
+UPPER = ("autotune.config", "autotune.search", "autotune.run", "autotune.record",
+         "autotune.output", "autotune.cli")
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(f"{p}.") for p in packages)
+
+
+def layer_violations(edges: list[Edge], lower: tuple[str, ...] = LOWER,
+                     upper: tuple[str, ...] = UPPER) -> list[Edge]:
+    """The imports from a module of `lower` into one of `upper` (every statement counts)."""
+    return [e for e in edges if _within(e.source, lower) and _within(e.target, upper)]
+
+
+def engine_getattrs(root: Path, package: str = "autotune.measure") -> list[str]:
+    """`getattr(engine, ...)` / `hasattr(engine, ...)` calls in `package`: `path:line` each.
+
+    measure/ reaches an engine only through the members of the `Generator` protocol.
+    """
+    found = []
+    for module, path in module_files(root, (package.split(".")[0],)).items():
+        if not _within(module, (package,)):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and node.args):
+                first = node.args[0]
+                name = first.id if isinstance(first, ast.Name) else getattr(first, "attr", "")
+                if "engine" in name.lower():
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return found
+
+
+def test_engines_measure_trial_and_objectives_import_no_stage_above_them():
+    bad = layer_violations(import_edges(ROOT, PACKAGES))
+    if bad:
+        lines = [f"    {e.source} -> {e.target}  ({e.path}:{e.line})" for e in bad]
+        pytest.fail("a lower stage imports an upper one (pass the data down instead, or move the "
+                    "code into the lower stage):\n" + "\n".join(lines), pytrace=False)
+
+
+def test_measure_reaches_engines_only_through_the_generator_protocol():
+    assert engine_getattrs(ROOT) == []
+
+
+LAYERED = {  # case: (files of a package `at`, the offending (source, target) imports)
+    "module_level": ({"at/engines/a.py": "from at.config.schema import Config\n"},
+                     {("at.engines.a", "at.config.schema")}),
+    "in_function": ({"at/measure/a.py": "def f():\n    from at.record import summary\n"},
+                    {("at.measure.a", "at.record.summary")}),
+    "type_checking": ({"at/trial/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                        "    import at.output.export\n"},
+                      {("at.trial.a", "at.output.export")}),
+    "downwards_is_fine": ({"at/config/schema.py": "from at.engines import a\n",
+                           "at/engines/a.py": "from at.measure import b\n"}, set()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAYERED))
+def test_the_layer_check_sees_every_import_statement(tmp_path, case):
+    files, expected = LAYERED[case]
+    packages = ["at", "at/engines", "at/measure", "at/trial", "at/config", "at/record",
+                "at/output"]
+    _write(tmp_path, {f"{p}/__init__.py": "" for p in packages}
+           | {"at/measure/b.py": "", "at/record/summary.py": "", "at/output/export.py": "",
+              "at/config/schema.py": "", **files})
+    lower = tuple(f"at.{p}" for p in ("engines", "measure", "trial", "objectives"))
+    upper = tuple(f"at.{p}" for p in ("config", "search", "run", "record", "output", "cli"))
+    bad = layer_violations(import_edges(tmp_path, ("at",)), lower, upper)
+    assert {(e.source, e.target) for e in bad} == expected
+
+
+def test_the_getattr_check_finds_a_reach_into_the_engine(tmp_path):
+    _write(tmp_path, {"autotune/__init__.py": "", "autotune/measure/__init__.py": "",
+                      "autotune/measure/x.py":
+                          "def f(engine):\n    return getattr(engine, 'params')\n",
+                      "autotune/measure/y.py": "def g(run):\n    return getattr(run, 'gens')\n"})
+    assert engine_getattrs(tmp_path) == [str(Path("autotune/measure/x.py")) + ":2"]

@@ -11,10 +11,11 @@ Everything here runs before anything is written and raises a one-line
 - ``workload.max_tokens`` plus the longest prompt fits the context the space allows.
   Prompt length is a lower bound (UTF-8 bytes / 8: real tokenizers give 4-6 bytes per
   token on prose), so no configuration is excluded that could have fitted. When no value
-  of the context knob (``n_ctx``, ``max_seq_len``, ``max_model_len``) can hold it, the
-  config is refused; when only some values are too small, :func:`context_rule` returns a
-  rule that excludes them with the reason (a categorical value it always excludes is then
-  refused at load by the space's reachability check, like any value no rule lets run).
+  of the engine's context knob (``Engine.context_knob_for``: ``n_ctx``, ``max_seq_len``,
+  ``max_model_len``...) can hold it, the config is refused; when only some values are too
+  small, :func:`context_rule` returns a rule that excludes them with the reason (a
+  categorical value it always excludes is then refused at load by the space's
+  reachability check, like any value no rule lets run).
 - :func:`validate_model_paths` (real runs only, so ``--dry-run`` of a GPU preset works
   anywhere): every ``engine.variants.*.path`` exists and is readable.
 """
@@ -34,10 +35,9 @@ from autotune.errors import did_you_mean
 from autotune.errors import unknown_name
 from autotune.measure.prompts import load_prompts
 from autotune.measure.prompts import prompt_sets
-from autotune.trial.spec import WorkloadSpec
+from autotune.measure.spec import WorkloadSpec
 
 BYTES_PER_TOKEN_MAX = 8  # a tokenizer never averages more bytes per token than this on text
-CONTEXT_KNOBS = ("n_ctx", "max_seq_len", "max_model_len")
 MLFLOW_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",
                   "databricks-uc", "uc", "file")
 DB_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "oracle")
@@ -207,7 +207,8 @@ def context_rule(data: dict, wl: WorkloadSpec, prompts: list[str]) -> dict | Non
         cls = get_engine_class(engine.get("kind", "llamacpp"))
     except Exception:  # noqa: BLE001 - an unknown engine is reported by compile_space
         return None
-    knob = next((k for k in CONTEXT_KNOBS if k in cls.knobs), None)
+    settings = engine.get("settings") if isinstance(engine.get("settings"), dict) else {}
+    knob = cls.context_knob_for(settings)
     if knob is None:
         return None
     need, what = _tokens_needed(wl, prompts)

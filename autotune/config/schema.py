@@ -20,9 +20,9 @@ from autotune._sections import build_section
 from autotune.config import checks
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
-from autotune.trial.spec import ARRIVALS
-from autotune.trial.spec import LOADS
-from autotune.trial.spec import WorkloadSpec
+from autotune.measure.spec import ARRIVALS
+from autotune.measure.spec import LOADS
+from autotune.measure.spec import WorkloadSpec
 
 SAMPLERS = ("auto", "bo", "tpe", "gp", "nsga2", "random", "grid")
 SEARCH_MODES = ("single", "pareto")

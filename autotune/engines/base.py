@@ -4,9 +4,12 @@ Lifecycle of an engine in a trial worker: ``create -> start -> (generate | measu
 logprobs)* -> memory -> stop``; ``stop`` runs whatever happened before and must leave no
 process, port or device memory behind. The class-level hooks (``knobs_for``,
 ``default_params``, ``validate_settings``, ``resources``, ``check``, ``predict``,
-``export``, ``describe_launch``) are pure and run in the driver, so an engine module must
-import its heavy library (llama_cpp, vllm, exllamav2) only inside ``start``. Instances live
-only in the trial subprocess and are never pickled.
+``export``, ``check_export``, ``context_knob_for``, ``describe_launch``) are pure and run
+in the driver, so an engine module must import its heavy library (llama_cpp, vllm,
+exllamav2) only inside ``start``. Instances live only in the trial subprocess and are never
+pickled; there, :mod:`autotune.measure` sees one only through the
+:class:`~autotune.measure.types.Generator` protocol (``generate``, ``logprobs``,
+``context_tokens``, ``memory``, ``max_concurrency``, ``name``).
 
 Every hook has a default here; an engine overrides only what is specific to it. Its
 ``settings`` are declared as a frozen dataclass (``settings_schema``) and checked by the same
@@ -32,9 +35,7 @@ from autotune.errors import ConfigError
 from autotune.errors import Unsupported
 from autotune.errors import unknown_name
 from autotune.hardware import list_gpus
-from autotune.measure.quality import quality_metrics
 from autotune.measure.types import Generation
-from autotune.measure.workload import run_workload
 
 # name -> "module:Class"; importing autotune never imports an engine's library.
 ENGINES: dict[str, str] = {
@@ -42,8 +43,11 @@ ENGINES: dict[str, str] = {
     "command": "autotune.engines.command:CommandEngine",
     "fake": "autotune.engines.fake:FakeEngine",
     "exllamav2": "autotune.engines.exllamav2.engine:ExLlamaV2Engine",
+    "exllamav3": "autotune.engines.exllamav3.engine:ExLlamaV3Engine",
+    "tabbyapi": "autotune.engines.tabbyapi.engine:TabbyAPIEngine",
     "vllm": "autotune.engines.vllm.engine:VLLMEngine",
     "openai_server": "autotune.engines.openai_server:OpenAIServerEngine",
+    "llama_server": "autotune.engines.llama_server.engine:LlamaServerEngine",
 }
 
 KNOB_TYPES = ("int", "float", "bool", "str", "list")  # the types a YAML-declared knob may have
@@ -155,6 +159,7 @@ class Engine:
     supports_quality: ClassVar[bool] = True  # logprobs() gives full next-token distributions
     quality_hint: ClassVar[str] = ""  # added to the error when quality is on but unsupported
     max_concurrency: ClassVar[int | None] = None  # requests served at once (None: no limit)
+    context_knob: ClassVar[str | None] = None  # the knob setting the context in tokens (n_ctx...)
 
     # ---- driver side: pure -------------------------------------------------------
     @classmethod
@@ -303,6 +308,20 @@ class Engine:
         return []
 
     @classmethod
+    def context_knob_for(cls, settings: dict) -> str | None:
+        """The knob setting the context length (config check, :meth:`context_tokens`)."""
+        return cls.context_knob
+
+    @classmethod
+    def check_export(cls, files: list[Path]) -> list[str]:
+        """Why the files :meth:`export` wrote would not run as they are: ``"<file>: <reason>"``.
+
+        The notes go into the summary's warnings; an engine may also write them into the file
+        (:func:`autotune._files.insert_comments`). Default: no check.
+        """
+        return []
+
+    @classmethod
     def export_warnings(cls, params: dict, settings: dict) -> list[str]:
         """What the exported files cannot reproduce of what was measured (shown in the summary)."""
         return []
@@ -324,6 +343,17 @@ class Engine:
     def start(self) -> None:
         """Load the model / start the server."""
 
+    def context_tokens(self) -> int | None:
+        """The context knob's value in ``params``, else ``settings``; None if unset or 0."""
+        knob = self.context_knob_for(self.settings)
+        if knob is None:
+            return None
+        for source in (self.params, self.settings):
+            value = source.get(knob) if isinstance(source, dict) else getattr(source, knob, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
         """Run one request greedily and time it."""
         raise Unsupported(f"engine {self.name} does not generate; it overrides measure() instead")
@@ -334,10 +364,14 @@ class Engine:
 
     def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
         """Run the workload; returns (metrics, raw samples). Default: the shared timing loop."""
+        from autotune.measure.workload import run_workload  # numpy: in the worker only
+
         return run_workload(self, workload)
 
     def quality(self, quality: dict) -> dict[str, float]:
         """Quality metrics vs the study's reference. Default: from :meth:`logprobs`."""
+        from autotune.measure.quality import quality_metrics  # numpy: in the worker only
+
         return quality_metrics(self, quality)
 
     def memory(self) -> dict[str, float]:

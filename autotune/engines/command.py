@@ -56,12 +56,11 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
-from autotune.engines.predict import Prediction
 from autotune.engines.predict import validate_command_predict
 from autotune.errors import CommandFailed
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
-from autotune.trial.spec import WorkloadSpec
+from autotune.measure.spec import WorkloadSpec
 
 VARIANT_KEYS = ("path", "bpw", "description")
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "custom")
@@ -107,6 +106,7 @@ class CommandEngine(Engine):
     """Runs ``settings.argv`` once per trial; the command prints its own metrics as JSON."""
 
     name = "command"
+    predictor = "autotune.engines.predict:predict_command"  # settings.predict (docs/predict.md)
     settings_schema = CommandSettings
     supports_quality: ClassVar[bool] = False  # the command measures quality itself, if at all
     quality_hint: ClassVar[str] = " (the command may print ppl_delta_pct itself)"
@@ -192,13 +192,6 @@ class CommandEngine(Engine):
             num_gpus=float(res.get("num_gpus", 0)),
             custom=dict(res.get("custom") or {}),
         )
-
-    @classmethod
-    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
-        """The user's ``settings.predict`` expressions over the knobs (docs/predict.md)."""
-        from autotune.engines.predict import predict_command
-
-        return predict_command(params, settings)
 
     @classmethod
     def resolve(cls, params: dict, settings: dict) -> dict[str, Any]:

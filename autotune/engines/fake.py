@@ -44,7 +44,6 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
-from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.errors import RequestRejected
@@ -99,6 +98,7 @@ class FakeEngine(Engine):
     """Sleeps like a GPU engine would compute; see the module docstring for knobs/settings."""
 
     name = "fake"
+    predictor = "autotune.engines.predict:predict_fake"  # gpu_memory_gb on settings.gpus
     settings_schema = FakeSettings
     supports_quality = False  # no logits
     uses_variants = False  # no model files
@@ -152,13 +152,6 @@ class FakeEngine(Engine):
         if p["resource"]:
             custom[p["resource"]] = custom.get(p["resource"], 0.0) + 1.0
         return Resources(num_cpus=float(p["cpus"]), num_gpus=float(p["gpus"]), custom=custom)
-
-    @classmethod
-    def predict(cls, params: dict, settings: dict, variants: dict) -> Prediction:
-        """gpu_memory_gb on the fake GPUs (engine.settings.gpus)."""
-        from autotune.engines.predict import predict_fake
-
-        return predict_fake(cls.full_params(params, settings), settings)
 
     @classmethod
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:

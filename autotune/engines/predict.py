@@ -254,9 +254,9 @@ def _values(value: Any, env: dict, known: list[str], path: str) -> list[float]:
     return out
 
 
-def predict_command(params: dict, settings: dict) -> Prediction:
+def predict_command(params: dict, settings: dict, variants: dict | None = None) -> Prediction:
     """The user's declared prediction, evaluated over the knobs (defaults filled in), vars
-    and the ``let`` helpers (evaluated in order)."""
+    and the ``let`` helpers (evaluated in order). The command engine's ``predictor``."""
     settings = as_dict(settings)
     spec = settings.get("predict")
     if not spec:
@@ -284,8 +284,9 @@ def predict_command(params: dict, settings: dict) -> Prediction:
 
 
 # ---- fake engine -------------------------------------------------------------------------
-def predict_fake(params: dict, settings: dict) -> Prediction:
-    """The fake engine needs ``gpu_memory_gb`` on each of its ``gpus`` (fake) GPUs."""
+def predict_fake(params: dict, settings: dict, variants: dict | None = None) -> Prediction:
+    """The fake engine needs ``gpu_memory_gb`` on each of its ``gpus`` (fake) GPUs (its
+    ``predictor``)."""
     settings = as_dict(settings)
     gpus = [as_dict(g) for g in settings.get("gpus") or []]
     want = float(params.get("gpu_memory_gb") or 0.0)

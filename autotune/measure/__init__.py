@@ -1,5 +1,7 @@
-"""Measurement: workloads and timings, statistics, quality vs a reference, memory.
+"""Measurement: workloads and timings, statistics, quality vs a reference.
 
+- ``spec``: ``WorkloadSpec`` / ``QualitySpec``, what a trial measures (the config sections).
+- ``types``: ``Generation`` and the ``Generator`` protocol, all measure/ knows of an engine.
 - ``workload``: runs a workload in the form it declares (fixed load, SLO search, ladder).
 - ``timings``: per-request TTFT, ITL, TPOT, decode / prefill tok/s, e2e -> metrics.
 - ``load``: closed-loop users and Poisson arrivals, failed-request kinds, goodput, fairness.
@@ -9,7 +11,6 @@
 - ``prompts``: the shipped prompt sets and user prompt files.
 - ``stats``: medians, percentiles, MAD, CV, bootstrap CIs and ``within_noise``.
 - ``quality``: perplexity, KLD and same-top-1 vs a cached reference.
-- ``memory``: the GGUF-header memory estimate and peak RSS.
 
 The shipped prompt sets are made by ``python -m autotune.tools.promptgen``.
 """

@@ -31,7 +31,6 @@ from autotune.measure.timings import decode_tps
 from autotune.measure.types import Generation
 
 INSTRUCTION = "Summarise the following passage in plain words.\n\n"
-CONTEXT_KEYS = ("n_ctx", "max_seq_len", "max_model_len")
 
 
 @lru_cache(maxsize=1)
@@ -110,16 +109,6 @@ def multiturn_sessions(prompts: list[str], turns: int, max_tokens: int, seed: in
         return conversation([prompts[(start + t) % len(prompts)] for t in range(turns)], max_tokens)
 
     return session
-
-
-def context_limit(engine) -> int | None:
-    """The trial's context in tokens (n_ctx / max_seq_len / max_model_len), if it has one."""
-    for source in (getattr(engine, "params", None) or {}, getattr(engine, "settings", None) or {}):
-        for key in CONTEXT_KEYS:
-            value = source.get(key) if isinstance(source, dict) else getattr(source, key, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
 
 
 @dataclass(frozen=True)

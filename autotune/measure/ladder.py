@@ -1,17 +1,17 @@
 """Long context: a ladder of prompt lengths up to the context the trial has.
 
 For each length L of ``workload.context_ladder`` (increasing) whose L + ``max_tokens``
-fits the trial's context (``n_ctx`` / ``max_seq_len`` / ``max_model_len`` among its
-parameters or settings), ``repeats`` requests with a passage of about L tokens run one at
-a time. The ladder stops at the first length that fails (OOM, rejection, a context
-error). The trial reports the timings of the longest length that worked and
-``max_context_tokens`` = the most prompt + output tokens any request of it held.
+fits the trial's context (:meth:`~autotune.measure.types.Generator.context_tokens`: the
+engine's ``context_knob`` among its parameters or settings), ``repeats`` requests with a
+passage of about L tokens run one at a time. The ladder stops at the first length that
+fails (OOM, rejection, a context error). The trial reports the timings of the longest
+length that worked and ``max_context_tokens`` = the most prompt + output tokens any
+request of it held.
 """
 
 from __future__ import annotations
 
 from autotune.errors import InfeasibleConfig
-from autotune.measure.conversations import context_limit
 from autotune.measure.conversations import from_list
 from autotune.measure.conversations import passage
 from autotune.measure.levels import level_metrics
@@ -21,8 +21,8 @@ from autotune.measure.load import LevelRun
 from autotune.measure.load import Request
 from autotune.measure.load import run_closed
 from autotune.measure.prompts import load_prompts
+from autotune.measure.spec import WorkloadSpec
 from autotune.measure.types import Generator
-from autotune.trial.spec import WorkloadSpec
 
 OFFSET_STRIDE = 997  # words between the passages of one length (different text each)
 
@@ -30,7 +30,7 @@ OFFSET_STRIDE = 997  # words between the passages of one length (different text 
 def run_ladder(engine: Generator, wl: WorkloadSpec) -> tuple[dict[str, float], dict]:
     """Climb the ladder; (metrics at the longest length that worked, raw samples + steps)."""
     warm_up(engine, wl, load_prompts(wl.prompts))
-    limit = context_limit(engine)
+    limit = engine.context_tokens()
     steps: list[dict] = []
     best: LevelRun | None = None
     first_error: BaseException | None = None

@@ -23,11 +23,11 @@ from autotune.measure.load import fairness_metrics
 from autotune.measure.load import goodput
 from autotune.measure.load import run_closed
 from autotune.measure.load import run_poisson
+from autotune.measure.spec import WorkloadSpec
 from autotune.measure.timings import decode_tps
 from autotune.measure.timings import generation_metrics
 from autotune.measure.types import Generation
 from autotune.measure.types import Generator
-from autotune.trial.spec import WorkloadSpec
 
 
 def as_workload(workload: WorkloadSpec | dict) -> WorkloadSpec:
@@ -37,7 +37,7 @@ def as_workload(workload: WorkloadSpec | dict) -> WorkloadSpec:
 
 def validate_concurrency(engine: Generator, concurrency: int) -> None:
     """Raise InfeasibleConfig if the engine cannot serve ``concurrency`` requests at once."""
-    limit = getattr(engine, "max_concurrency", None)
+    limit = engine.max_concurrency
     if limit is not None and concurrency > limit:
         raise InfeasibleConfig(
             f"workload.concurrency={concurrency}, but engine {engine.name!r} serves at most "
@@ -72,7 +72,7 @@ def run_level(engine: Generator, wl: WorkloadSpec, prompts: list[str], level: fl
     sessions = sessions_for(wl, prompts, n)
     memory = wl.turns > 1
     if wl.arrival == "poisson":  # an engine serving c at a time gets c in flight; the rest queue
-        cap = getattr(engine, "max_concurrency", None) or MAX_OPEN_LOOP_WORKERS
+        cap = engine.max_concurrency or MAX_OPEN_LOOP_WORKERS
         return run_poisson(engine, sessions, level, n, wl.seed, deadline, memory, cap,
                            wl.ignore_eos)
     return run_closed(engine, sessions, int(level), n, deadline, memory, wl.ignore_eos)

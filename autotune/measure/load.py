@@ -130,7 +130,7 @@ def _drive(engine: Generator, session: Session, user: int, index: int, out: list
                               exc=e, prompt=req.prompt)
         delay_s = 0.0
         if sample_memory:
-            outcome.memory = dict(engine.memory()) if hasattr(engine, "memory") else {}
+            outcome.memory = dict(engine.memory())
         with lock:
             out.append(outcome)
         if gen is None:

@@ -19,7 +19,7 @@ import numpy as np
 from autotune.measure.types import Generator
 
 if TYPE_CHECKING:
-    from autotune.trial.spec import QualitySpec
+    from autotune.measure.spec import QualitySpec
 
 CHUNK_ROWS = 64
 

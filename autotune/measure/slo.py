@@ -33,8 +33,8 @@ from autotune.measure.levels import warm_up
 from autotune.measure.load import LevelRun
 from autotune.measure.load import slo_violations
 from autotune.measure.prompts import load_prompts
+from autotune.measure.spec import WorkloadSpec
 from autotune.measure.types import Generator
-from autotune.trial.spec import WorkloadSpec
 
 RATE_RESOLUTION = 0.1
 SATURATION_PATIENCE = 2
@@ -125,7 +125,7 @@ def run_slo_search(engine: Generator, wl: WorkloadSpec) -> tuple[dict[str, float
     warm_up(engine, wl, prompts)
     deadline = time.monotonic() + wl.search_time_s
     closed = wl.arrival == "closed"
-    engine_limit = getattr(engine, "max_concurrency", None)
+    engine_limit = engine.max_concurrency
     if closed:
         ceiling = float(min(wl.max_concurrency, engine_limit or wl.max_concurrency))
         start = float(min(wl.concurrency, ceiling))

@@ -35,7 +35,10 @@ class Generator(Protocol):
     """A started engine as the timing loop and the quality metrics see it.
 
     ``max_concurrency`` is the most requests it serves at once (None: no limit);
-    ``generate`` must be thread-safe when it is above 1.
+    ``generate`` must be thread-safe when it is above 1. ``context_tokens`` is the trial's
+    context length (None: not set, or the engine has none), which the context ladder stays
+    within (``Engine`` reads it from its ``context_knob``, ``params`` and ``settings``);
+    ``memory`` is sampled after each turn of a conversation.
     """
 
     name: str
@@ -47,4 +50,12 @@ class Generator(Protocol):
 
     def logprobs(self, text: str, n_tokens: int) -> tuple[list[int], Any]:
         """(token ids, logits rows [n, vocab]) of ``text``'s first ``n_tokens`` tokens."""
+        ...
+
+    def context_tokens(self) -> int | None:
+        """The trial's context in tokens, or None when it has none the ladder must respect."""
+        ...
+
+    def memory(self) -> dict[str, float]:
+        """Memory metrics sampled now (peak RSS, peak VRAM); {} when the engine has none."""
         ...

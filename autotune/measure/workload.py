@@ -34,11 +34,11 @@ from autotune.measure.load import Outcome
 from autotune.measure.prompts import load_prompts
 from autotune.measure.prompts import prompt_sets
 from autotune.measure.slo import run_slo_search
+from autotune.measure.spec import WorkloadSpec
 from autotune.measure.timings import decode_tps
 from autotune.measure.timings import generation_metrics
 from autotune.measure.types import Generation
 from autotune.measure.types import Generator
-from autotune.trial.spec import WorkloadSpec
 
 __all__ = [
     "WorkloadRun", "as_workload", "validate_concurrency", "collect", "decode_tps",

@@ -9,10 +9,10 @@ reusable preset, the winner in the engine's own form, and a summary.
 - ``summary.json``: winner, baseline, speed-up, noise verdict.
 
 Exports name real files: a shipped model (``package``) resolves to its assembled GGUF and a
-made variant (``recipe``) to its cached file, and each export is checked before it is
-left for the user (llama-server flags against the llama.cpp llama-cpp-python ships, model
-files exist, ``tabbyapi.yml`` against TabbyAPI's config model). What does not hold is said in
-the file and in the summary's warnings.
+made variant (``recipe``) to its cached file, and each export is checked by its engine
+(``Engine.check_export``: llama-server flags against the llama.cpp llama-cpp-python ships,
+model files exist, ``tabbyapi.yml`` against TabbyAPI's config model) before it is left for
+the user. What does not hold is said in the file and in the summary's warnings.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import copy
 import csv
 import io
 import json
-import shlex
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,11 +28,14 @@ from typing import Any
 
 import yaml
 
+from autotune._files import insert_comments
 from autotune._files import write_atomic
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
-    from autotune.search.select import Record
+    from autotune.engines.base import Engine
+    from autotune.record.records import Record
+    from autotune.record.summary import StudySummary
     from autotune.search.space import Space
 
 
@@ -87,41 +89,11 @@ def _referenced_variants(cfg: Config, space: Space, params: dict[str, Any]) -> l
                               and isinstance(v, str) and v in cfg.engine.variants))
 
 
-def _insert_comments(path: Path, lines: list[str]) -> None:
-    """Put ``# line`` comments after the shebang / first comment line of a text export."""
-    if not lines:
-        return
-    text = path.read_text().splitlines(keepends=True)
-    at = 1 if text and text[0].startswith("#!") else 0
-    mode = path.stat().st_mode
-    write_atomic(path, "".join(text[:at] + [f"# {x}\n" for x in lines] + text[at:]))
-    path.chmod(mode)
-
-
-def export_reasons(files: list[Path]) -> list[str]:
-    """What would stop an exported file from running as it is (see module docstring)."""
-    from autotune.engines.exllamav2 import tabby_schema
-    from autotune.engines.llamacpp.server_flags import argv_reasons
-
-    notes: list[str] = []
-    for f in files:
-        if f.name == "llama-server.sh":
-            argv = shlex.split([x for x in f.read_text().splitlines() if x and not x.startswith("#")][-1])
-            found = argv_reasons(argv)
-            model = argv[argv.index("-m") + 1] if "-m" in argv else None
-            if model and not Path(model).exists():
-                found.append(f"model file {model} does not exist")
-            notes += [f"llama-server.sh: {x}" for x in found]
-            _insert_comments(f, [f"WARNING: {x}" for x in found])
-        elif f.name == "llama_cpp_kwargs.json":
-            model = json.loads(f.read_text()).get("model_path")
-            if model and not Path(model).exists():
-                notes.append(f"llama_cpp_kwargs.json: model_path {model} does not exist")
-        elif f.name == "tabbyapi.yml":
-            found = tabby_schema.validate(yaml.safe_load(f.read_text()) or {})
-            notes += [f"tabbyapi.yml: {x}" for x in found]
-            _insert_comments(f, [f"WARNING (TabbyAPI config check): {x}" for x in found])
-    return notes
+def export_reasons(engine: type[Engine], files: list[Path]) -> list[str]:
+    """What would stop an exported file from running as it is: the engine's own check
+    (:meth:`~autotune.engines.base.Engine.check_export`), which may also write WARNING
+    comments into the files."""
+    return engine.check_export(files)
 
 
 def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any],
@@ -144,23 +116,15 @@ def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any
         origin.append("  Made files live in autotune's cache; best.yaml (engine.variants) rebuilds them.")
     for f in files:
         if f.suffix in (".sh", ".yml", ".yaml"):
-            _insert_comments(f, origin)
-    return files, notes + export_reasons(files)
-
-
-def _with_notes(summary: Any, notes: list[str]) -> dict[str, Any]:
-    data = summary.to_dict() if hasattr(summary, "to_dict") else dict(summary)
-    if notes:
-        data["warnings"] = list(data.get("warnings") or []) + notes
-    return data
+            insert_comments(f, origin)
+    return files, notes + export_reasons(space.engine, files)
 
 
 def write_all(out_dir: Path, cfg: Config, space: Space, front: list[Record], winner: Record | None,
-              summary: Any) -> list[Path]:
+              summary: StudySummary) -> list[Path]:
     """Everything at once; returns the files written.
 
-    ``summary`` is a :class:`~autotune.record.summary.StudySummary` (or its dict form); the notes of
-    the export checks are added to its warnings in ``summary.json``.
+    The notes of the export checks are added to the summary's warnings in ``summary.json``.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     files = write_pareto(out_dir, front, [o.metric for o in cfg.objectives])
@@ -175,7 +139,7 @@ def write_all(out_dir: Path, cfg: Config, space: Space, front: list[Record], win
                                      f"Winner of study {cfg.study.name}: trial {winner.number}")
         files += native
     spath = out_dir / "summary.json"
-    write_atomic(spath, _json(_with_notes(summary, notes)))
+    write_atomic(spath, summary.with_warnings(notes).to_json())
     files.append(spath)
     return files
 
@@ -186,7 +150,6 @@ def export_trial(path: Path, number: int | None, out: Path | None) -> tuple[list
     ``number`` None means the winner in ``summary.json`` (else the best feasible trial so far,
     for a study that has not ended). Returns (files, notes).
     """
-    from autotune.config.schema import load_config
     from autotune.errors import ConfigError
     from autotune.record.studies import best_feasible
     from autotune.record.studies import load_study
@@ -195,13 +158,13 @@ def export_trial(path: Path, number: int | None, out: Path | None) -> tuple[list
     from autotune.record.study import records
     from autotune.search.space import compile_space
 
-    config = read_config(path)
-    cfg = load_config(config)
+    cfg = read_config(path)
     space = compile_space(cfg)
-    recs = {r.number: r for r in records(load_study(path, config))}
+    recs = {r.number: r for r in records(load_study(path, cfg))}
     if number is None:
-        winner = (read_summary(path) or {}).get("winner")
-        rec = recs.get(winner["number"]) if winner else best_feasible(list(recs.values()), cfg.select.metric)
+        summary = read_summary(path)
+        winner = summary.winner if summary else None
+        rec = recs.get(winner.number) if winner else best_feasible(list(recs.values()), cfg.select.metric)
         if rec is None:
             raise ConfigError("--trial", None, "the study has no feasible trial yet; name one with --trial N")
     elif number not in recs:

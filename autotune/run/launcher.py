@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
 
-from autotune.trial.spec import QualitySpec
+from autotune.measure.spec import QualitySpec
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 

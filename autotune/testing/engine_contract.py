@@ -46,16 +46,16 @@ from autotune.engines.base import Resources
 from autotune.engines.base import get_engine_class
 from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
+from autotune.measure.spec import QualitySpec
+from autotune.measure.spec import WorkloadSpec
 from autotune.objectives import all_metrics
 from autotune.testing.procs import children_of
 from autotune.testing.procs import listening_ports
 from autotune.testing.procs import port_open
 from autotune.testing.procs import wait_gone
 from autotune.trial.runner import run_trial
-from autotune.trial.spec import QualitySpec
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
-from autotune.trial.spec import WorkloadSpec
 
 SMALL_WORKLOAD = WorkloadSpec(name="contract", prompts="short", max_tokens=8, warmup=0, repeats=2)
 

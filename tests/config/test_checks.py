@@ -12,7 +12,7 @@ from autotune.config import checks
 from autotune.errors import ConfigError
 from autotune.measure.prompts import load_prompts
 from autotune.measure.prompts import prompt_sets
-from autotune.trial.spec import WorkloadSpec
+from autotune.measure.spec import WorkloadSpec
 
 URIS_OK = ["sqlite:///mlruns/mlflow.db", "sqlite:////tmp/x/mlflow.db", "postgresql://u:p@127.0.0.1/db",
            "postgresql+psycopg2://127.0.0.1/db", "mysql://127.0.0.1/db", "http://127.0.0.1:5000",
@@ -125,6 +125,27 @@ def test_context_rule(space, max_tokens, prompts, expect):
 def test_context_rule_engines_without_a_context_knob():
     wl = WorkloadSpec(max_tokens=10**6)
     assert checks.context_rule(_data({}, "fake"), wl, ["x"]) is None
+    assert checks.context_rule(_data({}, "openai_server"), wl, ["x"]) is None  # none declared
+
+
+@pytest.mark.parametrize("kind", ["exllamav2", "vllm"])
+def test_context_rule_follows_each_engines_context_knob(kind):
+    from autotune.engines.base import get_engine_class
+
+    knob = get_engine_class(kind).context_knob
+    space = {knob: {"type": "categorical", "choices": [256, 8192]}}
+    rule = checks.context_rule(_data(space, kind), WorkloadSpec(prompts="long", max_tokens=64),
+                               load_prompts("long"))
+    assert rule["require"].startswith(f"{knob} >= ")
+
+
+def test_context_rule_on_a_template_servers_declared_context_knob():
+    data = {"engine": {"kind": "openai_server", "variants": {}, "settings": {
+        "argv": ["srv", "--ctx", "{n_ctx}"], "context_knob": "n_ctx",
+        "knobs": {"n_ctx": {"type": "int", "low": 0, "high": 65536}}}},
+        "space": {"n_ctx": {"type": "categorical", "choices": [512, 1024]}}}
+    with pytest.raises(ConfigError, match="space.n_ctx allows at most 1024"):
+        checks.context_rule(data, WorkloadSpec(max_tokens=100_000), load_prompts("short"))
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import pytest
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
 from autotune.errors import ConfigError
-from autotune.trial.spec import MixClass
+from autotune.measure.spec import MixClass
 
 
 @pytest.mark.parametrize("name", ["short", "medium", "long", "code", "concurrent", "multiturn",

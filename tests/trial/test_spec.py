@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
+from autotune.measure.spec import MixClass
+from autotune.measure.spec import QualitySpec
+from autotune.measure.spec import SLOSpec
+from autotune.measure.spec import WorkloadSpec
 from autotune.trial import TrialSpec
 from autotune.trial import run_trial
-from autotune.trial.spec import MixClass
-from autotune.trial.spec import QualitySpec
-from autotune.trial.spec import SLOSpec
-from autotune.trial.spec import WorkloadSpec
 
 
 def spec(tmp_path, workload, quality=None, params=None) -> TrialSpec:
