@@ -48,6 +48,7 @@ CONFIGS = {
     "q4_k_m/1t/kv-q8/fa": {"model": "q4_k_m", "n_threads": 1, "type_k": "q8_0", "type_v": "q8_0",
                            "flash_attn": True},
 }
+SMOKE_CONFIGS = {"q4_k_m/1t": {"model": "q4_k_m", "n_threads": 1}}  # --smoke
 WORKLOAD = {"prompts": "short", "max_tokens": 64, "warmup": 1, "repeats": 5}
 KV = {"f16": 1, "q8_0": 8}
 
@@ -230,24 +231,35 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tries", type=int, default=3, help="attempts per measurement")
     ap.add_argument("--budget-s", type=float, default=540.0,
                     help="start no round that would end past this many seconds")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "fidelity.txt"))
+    ap.add_argument("--out", default=None,
+                    help="results file (default bench/results/fidelity.txt; none with --smoke)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="seconds: one config, one round, no waiting for idle CPUs; writes nothing "
+                         "unless --out is given (the test suite runs it)")
     ap.add_argument("--direct-one", help=argparse.SUPPRESS)  # internal: one direct run
     ap.add_argument("--model-path", help=argparse.SUPPRESS)
     ap.add_argument("--max-tokens", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.direct_one:
-        rows = direct_run(args.model_path, CONFIGS[args.direct_one], json.loads(sys.stdin.read()),
+        rows = direct_run(args.model_path, {**CONFIGS, **SMOKE_CONFIGS}[args.direct_one], json.loads(sys.stdin.read()),
                           args.max_tokens)
         print(json.dumps(rows))
         return 0
 
+    configs = CONFIGS
+    if args.smoke:  # 1 thread: 2-thread llama.cpp crawls on a loaded 2-core box (busy-waiting)
+        configs = SMOKE_CONFIGS
+        WORKLOAD.update(max_tokens=8, repeats=2)
+        args.rounds, args.quiet_wait, args.tries, args.threshold = 1, 0.0, 1, 1.0
+    if args.out is None and not args.smoke:
+        args.out = str(Path(__file__).parent / "results" / "fidelity.txt")
     prompts_path = resources.files("autotune") / "data" / "prompts" / "short.jsonl"
     all_prompts = [json.loads(x)["prompt"] for x in prompts_path.read_text().splitlines() if x]
     n = WORKLOAD["warmup"] + WORKLOAD["repeats"]
     prompts = [all_prompts[i % len(all_prompts)] for i in range(n)]  # as autotune picks them
-    paths = {name: str(resolve_variant(p["model"], VARIANTS)) for name, p in CONFIGS.items()}
+    paths = {name: str(resolve_variant(p["model"], VARIANTS)) for name, p in configs.items()}
 
-    results = {name: {"autotune": [], "direct": []} for name in CONFIGS}
+    results = {name: {"autotune": [], "direct": []} for name in configs}
     busy: list[float] = []
     retries = dropped = done = 0
     t_start = time.monotonic()
@@ -257,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
             if rnd and elapsed / rnd * (rnd + 1) > args.budget_s:
                 print(f"stopping after {rnd} rounds: time budget", file=sys.stderr)
                 break
-            names = list(CONFIGS)
+            names = list(configs)
             names = names[rnd % len(names):] + names[: rnd % len(names)]
             for name in names:
                 order = ("autotune", "direct") if rnd % 2 == 0 else ("direct", "autotune")
@@ -265,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                     if side == "autotune":
                         wd = f"{tmp}/{name.replace('/', '_')}"
                         (rows, metrics), b, n_try, clean = measure_clean(
-                            lambda wd=wd, name=name: autotune_run(CONFIGS[name], wd),
+                            lambda wd=wd, name=name: autotune_run(configs[name], wd),
                             args.tries, args.quiet_wait, args.threshold)
                     else:
                         rows, b, n_try, clean = measure_clean(
@@ -287,8 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             done += 1
     text = table(results, done, busy, retries, dropped, time.monotonic() - t_start)
     print(text)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text + "\n")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
     return 0
 
 

@@ -87,8 +87,8 @@ class BatchDriver(TimedDriver):
             refs = list(self.pending)
             self.placement.ray.wait(refs, num_returns=len(refs), timeout=600)
             for ref in refs:
-                trial, params, _ = self.pending.pop(ref)
-                self._finish_one(study, trial, params, self.placement.result(ref, trial.number))
+                p = self.pending.pop(ref)
+                self._finish_one(study, p, self.placement.result(ref, p.trial.number))
         self.loop_s = time.monotonic() - start
 
 
@@ -104,7 +104,7 @@ def run_once(slots: int, mode: str, n_trials: int, seed: int, root: Path) -> tup
     summary = driver.run()
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.storage_url)
     durations = [t.user_attrs.get("duration_s", 0.0) for t in study.trials]
-    failed = summary["n_failed"]
+    failed = summary.n_failed
     if failed:
         raise RuntimeError(f"{failed} trial(s) failed in {study_dir}")
     return driver.loop_s, statistics.median(durations)
@@ -117,8 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--per-slot", type=int, default=6, help="trials per slot in one study")
-    ap.add_argument("--out", default="bench/results/parallel.txt")
+    ap.add_argument("--out", default=None,
+                    help="results file (default bench/results/parallel.txt; none with --smoke)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="seconds: slots 1 and 2, one repeat, 2 trials per slot (the test suite runs it)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.slots, args.repeats, args.per_slot = [1, 2], 1, 2
+    elif args.out is None:
+        args.out = "bench/results/parallel.txt"
     rows, lines = [], []
     base_tph: dict[str, float] = {}  # throughput of the async loop on 1 slot
     t_start = time.monotonic()
@@ -160,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                  f"{time.monotonic() - t_start:.0f} s on {os.cpu_count()} cores")
     text = "\n".join(lines)
     print(text)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
     return 0
 
 

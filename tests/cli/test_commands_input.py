@@ -1,5 +1,6 @@
 """Bad input to ``autotune report|export|ui|ls``: one line on stderr, exit code 2, nothing
-written; ``--help`` for each; and the pure helpers of the MLflow view."""
+written; ``--help`` for each; and the pure helpers of the MLflow view. The commands run
+in-process (tests/helpers/cli.py); tests/cli/test_commands.py runs them as real subprocesses."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from autotune.record.mlflow_view import run_name
 from autotune.record.mlflow_view import units_note
 from autotune.record.mlflow_view import varying_params
+from tests.helpers.cli import run_cli_here
 
 
 @pytest.mark.parametrize(("args", "needle"), [
@@ -25,8 +27,8 @@ from autotune.record.mlflow_view import varying_params
     (["ls", "nowhere"], "ls: got 'nowhere'"),
     (["report", "--bogus"], "unrecognized arguments: --bogus"),
 ])
-def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args: list[str], needle: str) -> None:
-    proc = cli(*args, timeout=120)
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args: list[str], needle: str) -> None:
+    proc = run_cli_here(args, tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
@@ -34,14 +36,14 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args: list[str], needle
 
 
 @pytest.mark.parametrize("command", ["report", "export", "ui", "ls", "status"])
-def test_every_command_has_help(cli, command: str) -> None:
-    proc = cli(command, "--help", timeout=120)
+def test_every_command_has_help(tmp_path, command: str) -> None:
+    proc = run_cli_here([command, "--help"], tmp_path)
     assert proc.returncode == 0 and "usage: autotune" in proc.stdout
 
 
-def test_ls_with_no_studies_says_so(cli, tmp_path) -> None:
+def test_ls_with_no_studies_says_so(tmp_path) -> None:
     (tmp_path / "studies").mkdir()
-    proc = cli("ls", timeout=120)
+    proc = run_cli_here(["ls"], tmp_path)
     assert proc.returncode == 0 and "no studies" in proc.stdout
 
 

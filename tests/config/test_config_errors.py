@@ -3,8 +3,9 @@
 The corpus is ``tests/configs/bad/*.yaml``: each a complete preset whose header says what
 the one-line error must contain (``# expect:`` path, value and what is allowed; ``# hint:``
 the did-you-mean), whether it is also run without ``--dry-run`` (``# also-run: true``) and
-what it needs (``# requires: no-torch``). Each runs through the real CLI in a subprocess
-whose working directory is an empty temporary directory that must stay empty.
+what it needs (``# requires: no-torch``). Each runs through ``autotune.cli.main.main`` in this
+process (tests/helpers/cli.py: the fast loop), from an empty temporary directory that must stay
+empty; one case also runs as a real subprocess to prove the entry point does the same.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.cli import run_cli_here
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "tests" / "configs" / "bad"
@@ -77,7 +80,7 @@ def _skip_if_unmet(path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_bad_config_dry_run(path: Path, tmp_path: Path):
     head = _skip_if_unmet(path)
-    proc = run_cli(["--config-dir", str(BAD), f"conf={path.stem}", "--dry-run"], tmp_path)
+    proc = run_cli_here(["run", "--config-dir", str(BAD), f"conf={path.stem}", "--dry-run"], tmp_path)
     line = assert_one_line_error(proc, head["expect"], *([head["hint"]] if "hint" in head else []))
     assert line.startswith("autotune: error: ")
     assert list(tmp_path.iterdir()) == []
@@ -86,7 +89,7 @@ def test_bad_config_dry_run(path: Path, tmp_path: Path):
 @pytest.mark.parametrize("path", RUN_CASES, ids=[p.stem for p in RUN_CASES])
 def test_bad_config_real_run_writes_nothing(path: Path, tmp_path: Path):
     head = _skip_if_unmet(path)
-    proc = run_cli(["--config-dir", str(BAD), f"conf={path.stem}"], tmp_path)
+    proc = run_cli_here(["run", "--config-dir", str(BAD), f"conf={path.stem}"], tmp_path)
     assert_one_line_error(proc, head["expect"])
     assert list(tmp_path.iterdir()) == [], (
         "a failed start must write nothing (no studies/, mlruns/)"
@@ -133,7 +136,7 @@ OVERRIDES = [
     ("args", "expect", "hint"), OVERRIDES, ids=[" ".join(a) for a, _, _ in OVERRIDES]
 )
 def test_bad_override(args: list[str], expect: str, hint: str, tmp_path: Path):
-    proc = run_cli([*args, "--dry-run"], tmp_path)
+    proc = run_cli_here(["run", *args, "--dry-run"], tmp_path)
     assert_one_line_error(proc, expect, hint)
     assert list(tmp_path.iterdir()) == []
 
@@ -157,8 +160,8 @@ def test_missing_model_file_refused_on_a_real_run(tmp_path: Path, tmp_path_facto
         "space:\n  n_threads: {type: int, low: 1, high: 2}\n"
         "quality: {enabled: false}\n")
     args = ["--config-dir", str(conf), "conf=missing_model"]
-    assert run_cli([*args, "--dry-run"], tmp_path).returncode == 0
-    proc = run_cli(args, tmp_path)
+    assert run_cli_here(["run", *args, "--dry-run"], tmp_path).returncode == 0
+    proc = run_cli(args, tmp_path)  # the real entry point, in a subprocess
     assert_one_line_error(proc, "engine.variants.mine.path: got '/no/such/model.gguf'; no such file")
     assert list(tmp_path.iterdir()) == []
 

@@ -1,0 +1,57 @@
+"""Every bench in bench/ keeps running after a refactor: ``--help`` and a ``--smoke`` run.
+
+A new bench is picked up by the glob; a bench without a ``--smoke`` mode fails here. The
+smoke runs of soak.py and efficiency.py assert more and live in tests/test_soak.py and
+tests/test_bench_efficiency.py.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py"))
+SMOKE_ELSEWHERE = {"soak.py": ROOT / "tests" / "test_soak.py",
+                   "efficiency.py": ROOT / "tests" / "test_bench_efficiency.py"}
+
+
+def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_there_are_benches():
+    assert {"efficiency.py", "fidelity.py", "parallel.py", "soak.py"} <= {p.name for p in BENCHES}
+
+
+@pytest.mark.parametrize("bench", BENCHES, ids=[p.stem for p in BENCHES])
+def test_bench_starts_and_has_a_smoke_mode(bench: Path, tmp_path: Path):
+    proc = _run([str(bench), "--help"], tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "--smoke" in proc.stdout, f"{bench.name} has no --smoke mode"
+    assert list(tmp_path.iterdir()) == [], f"{bench.name} --help wrote files"
+
+
+SMOKE_HERE = [p for p in BENCHES if p.name not in SMOKE_ELSEWHERE]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bench", SMOKE_HERE, ids=[p.stem for p in SMOKE_HERE])
+def test_bench_smoke_run(bench: Path, tmp_path: Path):
+    """Runs in seconds to a minute; prints its table and writes nothing under bench/results."""
+    results = ROOT / "bench" / "results"
+    before = {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()}
+    proc = _run([str(bench), "--smoke"], tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.strip(), f"{bench.name} --smoke printed no table"
+    after = {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()}
+    assert after == before, f"{bench.name} --smoke changed bench/results"
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE_ELSEWHERE))
+def test_smoke_runs_elsewhere_use_the_smoke_mode(name: str):
+    assert "--smoke" in SMOKE_ELSEWHERE[name].read_text()
