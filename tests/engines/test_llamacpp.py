@@ -69,3 +69,12 @@ def test_prompt_lookup_keeps_greedy_output(tmp_path, gemma_path):
     assert r.info["greedy_checked"] == 2 and r.info["greedy_mismatch"] == []
     assert 0.0 < r.metrics["accept_rate"] <= 1.0  # the code answers copy the prompt
     assert r.info["mem_estimate"]["logits_mb"] > 1000  # logits_all=True is on
+
+
+@pytest.mark.slow
+def test_a_context_ladder_runs_as_a_ladder(tmp_path, gemma_path):
+    """The llama.cpp engine runs the workload's own form, not a fixed load (it used to)."""
+    r = trial(tmp_path, {"n_threads": 1, "n_ctx": 512}, max_tokens=8, repeats=1,
+              context_ladder=[100, 300, 1000])
+    assert r.status == "ok", (r.reason, r.log_tail)
+    assert 100 <= r.metrics["max_context_tokens"] < 512

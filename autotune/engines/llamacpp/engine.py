@@ -307,11 +307,20 @@ class LlamaCppEngine(Engine):
         return gen
 
     def measure(self, workload: dict) -> tuple[dict[str, float], dict]:
-        """The shared timing loop, plus the greedy-output check when a drafter is on."""
+        """The shared timing loop, plus the greedy-output check when a drafter is on.
+
+        A context ladder or an SLO load search runs in the form it declares (the greedy check
+        needs one fixed run of prompts, so it is made only there).
+        """
+        from autotune.measure.levels import as_workload
         from autotune.measure.workload import collect
+        from autotune.measure.workload import run_workload
         from autotune.measure.workload import summarize_run
 
-        run = collect(self, workload)
+        wl = as_workload(workload)
+        if wl.context_ladder or wl.load == "slo":
+            return run_workload(self, wl)
+        run = collect(self, wl)
         metrics, raw = summarize_run(run)
         metrics["greedy_match"] = self._greedy_match(run) if self.llm.draft_model else 1.0
         return metrics, raw
