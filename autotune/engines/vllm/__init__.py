@@ -1,0 +1,1 @@
+"""vLLM's OpenAI server (CPU venv or CUDA): the engine, its GPU helpers and the predictor."""
