@@ -15,6 +15,7 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
 
 import optuna
@@ -23,9 +24,15 @@ from optuna.trial import TrialState
 
 from autotune._files import write_atomic
 from autotune.objectives import get_metric
+from autotune.record.studies import constraints_as_written
 from autotune.record.studies import load_study
 from autotune.record.studies import read_config
 from autotune.record.studies import read_summary
+from autotune.record.study import copied_attrs
+from autotune.record.study import trial_attrs
+
+if TYPE_CHECKING:
+    from autotune.record.summary import StudySummary
 
 FIG_W, FIG_H = 900, 520
 
@@ -37,7 +44,7 @@ def _label(metric: str) -> str:
 
 def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("status") == "ok"]
+            if trial_attrs(t).status == "ok"]
 
 
 def _feasible(t: optuna.trial.FrozenTrial) -> bool:
@@ -57,11 +64,11 @@ def _copy(study: optuna.Study, metrics: list[str]) -> tuple[optuna.Study, list[i
     numbers = []
     for number in range(max((t.number for t in study.get_trials(deepcopy=False)), default=-1) + 1):
         t = measured.get(number)
-        m = t.user_attrs.get("metrics", {}) if t else {}
+        m = trial_attrs(t).metrics if t else {}
         if t is not None and all(math.isfinite(m.get(k, math.nan)) for k in metrics):
             mem.add_trial(optuna.trial.create_trial(
                 values=[m[k] for k in metrics], params=t.params, distributions=t.distributions,
-                user_attrs=t.user_attrs, constraints=dict(getattr(t, "constraints", None) or {})))
+                user_attrs=copied_attrs(t), constraints=dict(getattr(t, "constraints", None) or {})))
             numbers.append(number)
         else:
             mem.add_trial(optuna.trial.create_trial(state=TrialState.FAIL))
@@ -128,48 +135,47 @@ def trials_table(study: optuna.Study, metrics: list[str]) -> str:
     head = ["#", "status", "feasible", *[_label(m) for m in metrics], "parameters", "reason"]
     rows = []
     for t in study.get_trials(deepcopy=False):
-        status = t.user_attrs.get("status") or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
+        a = trial_attrs(t)
+        status = a.status or ("running" if t.state == TrialState.RUNNING else t.state.name.lower())
         ok = status == "ok" and t.state == TrialState.COMPLETE and _feasible(t)
-        m = t.user_attrs.get("metrics", {})
-        params = t.user_attrs.get("params") or t.params
-        cells = [str(t.number), status, "yes" if ok else "no", *[_cell(m.get(k)) for k in metrics],
-                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(t.user_attrs.get("reason", ""))]
+        params = a.params or t.params
+        cells = [str(t.number), status, "yes" if ok else "no", *[_cell(a.metrics.get(k)) for k in metrics],
+                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(a.reason)]
         rows.append(f"<tr class='{html.escape(status)}'>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ("<table id='trials'><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "\n".join(rows) + "</tbody></table>")
 
 
-def verdict_html(summary: dict | None, constraints: list[str], metric: str) -> str:
+def verdict_html(summary: StudySummary | None, constraints: list[str], metric: str) -> str:
     """Constraints, speed-up and noise verdicts from summary.json."""
     cons = "".join(f"<li><code>{html.escape(c)}</code></li>" for c in constraints) or "<li>none</li>"
     out = [f"<h2>Constraints</h2><ul>{cons}</ul>", "<h2>Verdict</h2>"]
     if summary is None:
         return "".join(out) + "<p>The study has not ended: no re-measurement or noise verdict yet.</p>"
-    if summary.get("interrupted"):
+    if summary.interrupted:
         out.append("<p class='warn'>The study was interrupted: the winner comes from the search, not "
                    "re-measured.</p>")
-    win, base = summary.get("winner"), summary.get("baseline")
+    win, base = summary.winner, summary.baseline
     if win is None:
-        out.append(f"<p>No feasible configuration. {html.escape(summary.get('note') or '')}</p>")
+        out.append(f"<p>No feasible configuration. {html.escape(summary.note or '')}</p>")
     else:
-        sp = summary.get("speedup")
-        noise = summary.get("speedup_within_noise")
-        out.append(f"<p>Winner: trial <b>#{win['number']}</b>" + (f", baseline trial #{base['number']}" if base else "")
-                   + (f"; speed-up in {html.escape(metric)}: <b>{sp:.2f}x</b> ({html.escape(str(summary.get('speedup_source') or ''))})"
+        sp = summary.speedup
+        noise = summary.speedup_within_noise
+        out.append(f"<p>Winner: trial <b>#{win.number}</b>" + (f", baseline trial #{base.number}" if base else "")
+                   + (f"; speed-up in {html.escape(metric)}: <b>{sp:.2f}x</b> ({html.escape(str(summary.speedup_source or ''))})"
                       if sp is not None else "")
                    + ("; <span class='warn'>within noise</span>" if noise else ("; outside noise" if noise is False else ""))
                    + "</p>")
-        if summary.get("lead_within_noise") is not None:
-            out.append(f"<p>Lead over the runner-up #{summary.get('runner_up')}: "
-                       + ("<span class='warn'>within noise</span>" if summary["lead_within_noise"] else "outside noise")
+        if summary.lead_within_noise is not None:
+            out.append(f"<p>Lead over the runner-up #{summary.runner_up}: "
+                       + ("<span class='warn'>within noise</span>" if summary.lead_within_noise else "outside noise")
                        + " (bootstrap 95% CI of the difference of medians).</p>")
-    rem = summary.get("remeasured")
-    if rem:
-        rows = "".join(f"<tr><td>#{n}</td><td>{_cell(v['median'])}</td><td>{_cell(v['ci95'][0])} - {_cell(v['ci95'][1])}"
-                       f"</td><td>{v['n']}</td></tr>" for n, v in rem["by_trial"].items())
-        out.append(f"<p>Re-measured side by side ({html.escape(_label(rem['metric']))}):</p><table><tr><th>trial</th>"
-                   f"<th>median</th><th>95% CI</th><th>samples</th></tr>{rows}</table>")
-    for w in summary.get("warnings") or []:
+    if summary.remeasured:
+        rows = "".join(f"<tr><td>#{r.trial}</td><td>{_cell(r.median)}</td><td>{_cell(r.ci95[0])} - {_cell(r.ci95[1])}"
+                       f"</td><td>{r.n}</td></tr>" for r in summary.remeasured_rows())
+        out.append(f"<p>Re-measured side by side ({html.escape(_label(summary.remeasured_metric))}):</p><table><tr>"
+                   f"<th>trial</th><th>median</th><th>95% CI</th><th>samples</th></tr>{rows}</table>")
+    for w in summary.warnings or []:
         out.append(f"<p class='warn'>warning: {html.escape(w)}</p>")
     return "".join(out)
 
@@ -188,10 +194,10 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
     study = load_study(path, config)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no feasible trials" is in the page
     summary = read_summary(path)
-    objectives = [o if isinstance(o, str) else o["metric"] for o in config["objectives"]]
-    metric = (config.get("select") or {}).get("metric", objectives[0])
-    winner = (summary or {}).get("winner") or {}
-    figs = {"pareto": pareto_figure(study, objectives, winner.get("number")),
+    objectives = [o.metric for o in config.objectives]
+    metric = config.select.metric
+    winner = summary.winner if summary else None
+    figs = {"pareto": pareto_figure(study, objectives, winner.number if winner else None),
             "history": history_figure(study, metric), "importance": importance_figure(study, metric)}
     parts = []
     for name, fig in figs.items():
@@ -200,14 +206,14 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
         else:
             fig.update_layout(width=FIG_W, height=FIG_H)
             parts.append(f"<div class='plot'>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)}</div>")
-    name = html.escape(config["study"]["name"])
+    name = html.escape(config.study.name)
     metrics = list(dict.fromkeys([metric, *objectives]))
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autotune report: {name}</title>"
             f"<style>{CSS}</style><script>{plotly.offline.get_plotlyjs()}</script></head><body>"
-            f"<h1>autotune study {name}</h1><p>engine {html.escape(config['engine']['kind'])}; "
-            f"{len(study.trials)} trials recorded (budget {config['study'].get('n_trials')} launched); objectives "
+            f"<h1>autotune study {name}</h1><p>engine {html.escape(config.engine.kind)}; "
+            f"{len(study.trials)} trials recorded (budget {config.study.n_trials} launched); objectives "
             + ", ".join(html.escape(_label(o)) for o in objectives) + "</p>"
-            + "".join(parts) + verdict_html(summary, [str(c) for c in config.get("constraints") or []], metric)
+            + "".join(parts) + verdict_html(summary, constraints_as_written(config), metric)
             + "<h2>Every trial</h2>" + trials_table(study, metrics) + "</body></html>")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.html"]
@@ -228,7 +234,9 @@ def write_pngs(figs: dict[str, go.Figure], out: Path) -> list[Path]:
     except Exception as e:  # noqa: BLE001 - no Chromium / kaleido: the HTML still stands
         import sys
 
-        print(f"warning: PNGs skipped ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})",
-              file=sys.stderr)
+        why = next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
+        if "chrome" in f"{e} {e.__context__}".lower():  # plotly's message starts with blank lines
+            why = "no Chrome/Chromium for kaleido; fix: apt-get install chromium (or plotly_get_chrome)"
+        print(f"warning: PNGs skipped ({why}); report.html is complete", file=sys.stderr)
         return []
     return paths

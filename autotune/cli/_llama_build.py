@@ -1,0 +1,171 @@
+"""Is this llama-cpp-python build sound? Facts from a one-token decode in a subprocess.
+
+A build can be broken in ways no import shows: llama-cpp-python compiled with its defaults
+(``-march=native``) on a Xeon with AMX (``amx_tile``/``amx_int8`` in ``/proc/cpuinfo``)
+segfaults on the first ``llama_decode`` in ``ggml_backend_amx_mul_mat``; a wheel built for
+another CPU dies with SIGILL; a CPU-only wheel on a GPU box runs every "offloaded" layer on
+the CPU (the 6.56 tok/s for a 7B Q4_K_M on an RTX 4090 of issue 20). :func:`smoke_decode`
+runs :data:`SMOKE` (import, report the build, load the model, decode one token) in its own
+process group with a timeout; :func:`decode_check` and :func:`offload_check` are pure
+functions of the facts (exit status, output, CPU flags, GPUs) and name the one command
+that fixes what they find: :func:`rebuild_command`, computed from this CPU's flags.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.cli._checks import Check
+from autotune.trial.runner import stop_process
+
+# /proc/cpuinfo flag -> llama.cpp CMake option, in the order the rebuild line lists them
+CPU_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),
+               ("f16c", "GGML_F16C"), ("bmi2", "GGML_BMI2"), ("avx512f", "GGML_AVX512"),
+               ("avx512vbmi", "GGML_AVX512_VBMI"), ("avx512_vnni", "GGML_AVX512_VNNI"),
+               ("avx512_bf16", "GGML_AVX512_BF16"), ("avx_vnni", "GGML_AVX_VNNI"))
+AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
+CRASH_SIGNALS = {signal.SIGSEGV: "SIGSEGV", signal.SIGILL: "SIGILL", signal.SIGBUS: "SIGBUS",
+                 signal.SIGABRT: "SIGABRT", signal.SIGFPE: "SIGFPE"}
+FACTS = "AUTOTUNE_LLAMA_FACTS "
+DECODED = "AUTOTUNE_DECODE_OK"
+SMOKE = f"""
+import json, sys
+import llama_cpp
+print({FACTS!r} + json.dumps({{"version": llama_cpp.__version__,
+      "offload": bool(llama_cpp.llama_supports_gpu_offload()),
+      "system_info": llama_cpp.llama_print_system_info().decode(errors="replace")}}), flush=True)
+m = llama_cpp.Llama(sys.argv[1], n_ctx=64, n_batch=64, n_threads=1, n_gpu_layers=int(sys.argv[2]),
+                    verbose=False)
+m.eval(m.tokenize(b"Hello"))
+print({DECODED!r}, flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class SmokeOutcome:
+    """What a smoke-decode process did: exit status (negative: killed by that signal), output."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    seconds: float
+    timed_out: bool = False
+
+    def facts(self) -> dict:
+        """The build facts the script printed before loading (empty if it died before)."""
+        for line in self.stdout.splitlines():
+            if line.startswith(FACTS):
+                return json.loads(line[len(FACTS):])
+        return {}
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags (the ``flags`` line of /proc/cpuinfo); empty where there is none."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return set()
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _pip(cmake_args: list[str], version: str) -> str:
+    pkg = f"llama-cpp-python=={version}" if version else "llama-cpp-python"
+    return (f'CMAKE_ARGS="{" ".join(cmake_args)}" pip install --no-cache-dir --force-reinstall '
+            f"--no-deps {pkg}")
+
+
+def native_off_args(flags: set[str]) -> list[str]:
+    """CMake options for a build without ``-march=native`` (hence without AMX) for these flags."""
+    return ["-DGGML_NATIVE=OFF"] + [f"-D{opt}=ON" for flag, opt in CPU_OPTIONS if flag in flags]
+
+
+def rebuild_command(flags: set[str], version: str) -> str:
+    """The llama-cpp-python rebuild for this CPU without AMX (explicit AVX options)."""
+    return _pip(native_off_args(flags), version)
+
+
+def cuda_rebuild_command(flags: set[str], version: str) -> str:
+    """The llama-cpp-python rebuild with CUDA (and without AMX on a CPU that has it)."""
+    args = ["-DGGML_CUDA=on"]
+    if any(f in flags for f in AMX_FLAGS):
+        args += native_off_args(flags)
+    return _pip(args, version)
+
+
+def smoke_decode(argv: list[str], timeout_s: float = 120.0) -> SmokeOutcome:
+    """Run ``argv`` (the smoke script, or any stand-in) in its own process group; never raises
+    on the child's failure. The group is killed whole on timeout."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+        return SmokeOutcome(proc.returncode, out, err, time.monotonic() - t0)
+    except subprocess.TimeoutExpired:
+        stop_process(proc, grace_s=2.0)
+        out, err = proc.communicate()
+        return SmokeOutcome(proc.returncode, out or "", err or "", time.monotonic() - t0, True)
+
+
+def smoke_argv(model: Path, n_gpu_layers: int = 0, python: str | None = None) -> list[str]:
+    """The argv of the real smoke decode of ``model``."""
+    return [python or sys.executable, "-c", SMOKE, str(model), str(n_gpu_layers)]
+
+
+def _tail(text: str) -> str:
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return lines[-1][:200] if lines else "no output"
+
+
+def decode_check(out: SmokeOutcome, flags: set[str], version: str, model: str = "") -> Check:
+    """The verdict on a smoke decode: ok, or the crash's cause and the rebuild that fixes it."""
+    name, engines = "llama.cpp decode", ("llamacpp",)
+    fix = rebuild_command(flags, version)
+    on = f" of {Path(model).name}" if model else ""
+    if out.timed_out:
+        return Check(name, "fail", f"no token{on} within {out.seconds:.0f} s (hung)", fix, engines)
+    if out.returncode == 0 and DECODED in out.stdout:
+        return Check(name, "ok", f"one-token decode{on} in {out.seconds:.1f} s", "", engines)
+    rc = out.returncode or 0
+    if rc < 0:
+        sig = CRASH_SIGNALS.get(signal.Signals(-rc), signal.Signals(-rc).name)
+        amx = sorted(f for f in flags if f in AMX_FLAGS)
+        build = out.facts().get("system_info", "")
+        build_amx = "AMX" in build if build else True  # unknown build: assume native
+        if amx and build_amx and sig in ("SIGSEGV", "SIGBUS", "SIGABRT"):
+            cause = (f"llama.cpp's AMX path (ggml_backend_amx_mul_mat) on this CPU "
+                     f"({', '.join(amx)}): rebuild without AMX")
+        elif sig == "SIGILL":
+            cause = "an instruction this CPU lacks (a build for another CPU): rebuild for this one"
+        else:
+            cause = "a broken llama.cpp build: rebuild it for this CPU"
+        return Check(name, "fail", f"crashed with {sig} in the first decode{on}: {cause}", fix,
+                     engines)
+    return Check(name, "fail", f"exit status {rc}{on}: {_tail(out.stderr or out.stdout)}", fix,
+                 engines)
+
+
+def offload_check(gpus: list[str], offload: bool | None, flags: set[str], version: str) -> Check:
+    """GPU offload vs the GPUs present. ``gpus``: their names; ``offload``:
+    ``llama_supports_gpu_offload()`` (None: unknown, llama-cpp-python did not start)."""
+    name, engines = "llama.cpp GPU offload", ("llamacpp",)
+    if offload is None:
+        return Check(name, "skip", "unknown: llama-cpp-python did not start", "", engines)
+    if gpus and not offload:
+        return Check(name, "fail", f"{len(gpus)} GPU(s) here ({', '.join(gpus)}) but llama-cpp-python "
+                     f"{version} was built without GPU offload: n_gpu_layers would run every layer "
+                     "on the CPU", cuda_rebuild_command(flags, version), engines)
+    if gpus:
+        return Check(name, "ok", f"built with GPU offload for {len(gpus)} GPU(s)", "", engines)
+    return Check(name, "ok", "GPU offload built, no GPU here" if offload else
+                 "CPU build; no GPU here", "", engines)
