@@ -8,7 +8,6 @@ for the re-measurement, then the summary table. :func:`print_summary` and
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,12 +23,14 @@ from rich.progress import TimeRemainingColumn
 from rich.table import Table
 
 from autotune.objectives import get_metric
+from autotune.record.summary import StudySummary
+from autotune.record.summary import baseline_label
 from autotune.search.samplers import resolve
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
+    from autotune.record.records import Record
     from autotune.record.studies import StudyState
-    from autotune.search.select import Record
     from autotune.trial.spec import TrialResult
 
 COLUMNS = ("decode_tps", "prefill_tps", "ttft_p50_ms", "ttft_p95_ms", "ppl_delta_pct", "kld_mean", "peak_rss_mb",
@@ -170,56 +171,58 @@ class Reporter:
             self.remeasure_plan((s.top_k + 1) * s.rerun_repeats)
         self._advance()
 
-    def summary(self, s: Any, files: list[Path]) -> None:
-        """The end-of-study table; ``s`` is a StudySummary or its dict (summary.json wins)."""
+    def summary(self, s: StudySummary, files: list[Path]) -> None:
+        """The end-of-study table (``summary.json`` wins: it holds the export checks' notes)."""
         self.close()
         on_disk = next((f for f in files if Path(f).name == "summary.json" and Path(f).exists()), None)
-        data = json.loads(Path(on_disk).read_text()) if on_disk else (
-            s.to_dict() if hasattr(s, "to_dict") else dict(s))
-        render_summary(self.console, data, self.cfg.select.metric, files)
+        render_summary(self.console, StudySummary.load(on_disk) if on_disk else s, self.cfg.select.metric,
+                       files)
 
 
-def render_summary(console: Console, s: dict[str, Any], sel: str, files: list[Path]) -> None:
+def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path]) -> None:
     """Counts, baseline vs winner table, speed-up with its noise verdict, warnings, files."""
     console.print()
     console.print(
-        f"[bold]{s['n_trials']} trials[/bold]: {s['n_feasible']} feasible, {s['n_infeasible']} infeasible, "
-        f"{s['n_failed']} failed; {s['elapsed_s']:.0f} s"
+        f"[bold]{s.n_trials} trials[/bold]: {s.n_feasible} feasible, {s.n_infeasible} infeasible, "
+        f"{s.n_failed} failed; {s.elapsed_s:.0f} s"
     )
-    if s.get("n_rejected") or s.get("n_duplicates"):
-        console.print(f"{s.get('n_rejected', 0)} proposals refused before launch, "
-                      f"{s.get('n_duplicates', 0)} repeats reused (not counted)")
-    if s.get("stop_reason"):
-        console.print(f"[yellow]warning:[/yellow] {s['stop_reason']}")
-    p = s.get("prediction")
+    if s.n_rejected or s.n_duplicates:
+        console.print(f"{s.n_rejected} proposals refused before launch, "
+                      f"{s.n_duplicates} repeats reused (not counted)")
+    if s.stop_reason:
+        console.print(f"[yellow]warning:[/yellow] {s.stop_reason}")
+    p = s.prediction
     if p:
-        console.print(f"prediction vs measured: memory error median {_fmt(p.get('memory_error_pct_median'))}% "
-                      f"(n={p.get('n_memory', 0)}); decode {_fmt(p.get('speed_ratio_median'))}x of the predicted "
-                      f"upper bound (n={p.get('n_speed', 0)}, {p.get('speed_over_bound', 0)} above it)")
-    base, win = s.get("baseline"), s.get("winner")
+        console.print(f"prediction vs measured: memory error median {_fmt(p.memory_error_pct_median)}% "
+                      f"(n={p.n_memory}); decode {_fmt(p.speed_ratio_median)}x of the predicted "
+                      f"upper bound (n={p.n_speed}, {p.speed_over_bound} above it)")
+    base, win = s.baseline, s.winner
     if win is None:
-        console.print("[red]No feasible configuration found.[/red] " + (s.get("note") or ""))
+        console.print("[red]No feasible configuration found.[/red] " + (s.note or ""))
     else:
-        console.print("[bold]baseline (trial 0, engine defaults) vs winner[/bold]", soft_wrap=True)
+        defaults = baseline_label(s.engine)
+        console.print(f"[bold]baseline (trial 0, {defaults.removeprefix('the ')}) vs winner[/bold]",
+                      soft_wrap=True)
         t = Table()
         t.add_column("metric")
-        t.add_column(f"baseline #{base['number']}" if base else "baseline")
-        t.add_column(f"winner #{win['number']}")
+        t.add_column(f"baseline #{base.number}" if base else "baseline")
+        t.add_column(f"winner #{win.number}")
         for k in COLUMNS:
-            if k in win["metrics"]:
-                t.add_row(k, _fmt(base["metrics"].get(k)) if base else "-", _fmt(win["metrics"].get(k)))
+            if k in win.metrics:
+                t.add_row(k, _fmt(base.metrics.get(k)) if base else "-", _fmt(win.metrics.get(k)))
         console.print(t)
-        console.print("winner params: " + " ".join(f"{k}={v}" for k, v in win["params"].items()))
-        if base and win["number"] == base["number"]:
-            console.print("[yellow]No configuration beat the engine defaults under your "
+        console.print("winner params: " + " ".join(f"{k}={v}" for k, v in win.params.items()))
+        if base and win.number == base.number:
+            console.print(f"[yellow]No configuration beat {defaults} under your "
                           "constraints: keep them (or widen the space / add trials).[/yellow]")
-        elif s.get("speedup") is not None:
-            noise = " [yellow](within noise)[/yellow]" if s.get("speedup_within_noise") else ""
-            console.print(f"[bold green]speed-up over the engine default: {s['speedup']:.2f}x[/bold green] "
-                          f"in {sel} ({s.get('speedup_source') or ''}){noise}")
-        if s.get("lead_within_noise"):
-            console.print(f"[yellow]the winner's lead over #{s.get('runner_up')} is within noise[/yellow]")
-    for w in s.get("warnings") or []:
+        elif s.speedup is not None:
+            noise = " [yellow](within noise)[/yellow]" if s.speedup_within_noise else ""
+            over = "the engine default" if defaults == "the engine defaults" else defaults
+            console.print(f"[bold green]speed-up over {over}: {s.speedup:.2f}x[/bold green] "
+                          f"in {sel} ({s.speedup_source or ''}){noise}")
+        if s.lead_within_noise:
+            console.print(f"[yellow]the winner's lead over #{s.runner_up} is within noise[/yellow]")
+    for w in s.warnings or []:
         console.print(f"[yellow]warning:[/yellow] {w}")
     if files:
         console.print("files: " + ", ".join(str(f) for f in files))
@@ -238,7 +241,7 @@ def print_summary(path: Path, console: Console | None = None) -> None:
         console.print(f"study {st.name} is {st.state}: {st.done} of {st.total} trials, no summary yet "
                       f"(best {st.metric} {_fmt(st.best)} at trial {st.best_trial})")
         return
-    render_summary(console, s, (read_config(path).get("select") or {}).get("metric", "decode_tps"), [])
+    render_summary(console, s, read_config(path).select.metric, [])
 
 
 def print_studies(states: list[StudyState], console: Console | None = None) -> None:

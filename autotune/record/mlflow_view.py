@@ -17,7 +17,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 from typing import Any
+
+if TYPE_CHECKING:
+    from autotune.config.schema import Config
 
 PARENT_ATTR = "mlflow_parent_run_id"  # Optuna study user attribute: the parent run's id
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -70,17 +74,16 @@ def describe_experiment(client: Any, experiment_id: str, metrics: list[str]) -> 
         client.set_experiment_tag(experiment_id, f"unit.{n}", known[n].unit or "-")
 
 
-def _experiment(config: dict, client: Any) -> Any:
-    name = (config.get("tracking") or {}).get("experiment") or config["study"]["name"]
-    return client.get_experiment_by_name(name)
+def _experiment(config: Config, client: Any) -> Any:
+    return client.get_experiment_by_name(config.tracking.experiment or config.study.name)
 
 
-def experiment_url(base: str, config: dict) -> str:
+def experiment_url(base: str, config: Config) -> str:
     """The MLflow UI address of the study's experiment, on its runs table."""
     from mlflow.tracking import MlflowClient
 
     quiet()
-    exp = _experiment(config, MlflowClient(tracking_uri=config["tracking"]["uri"]))
+    exp = _experiment(config, MlflowClient(tracking_uri=config.tracking.uri))
     if exp is None:
         return base
     return f"{base}/#/experiments/{exp.experiment_id}/runs"

@@ -4,22 +4,30 @@ A study directory (``studies/<name>/``) holds ``optuna.db`` (the truth), ``confi
 (the resolved config, written by ``autotune run`` once it is validated), ``summary.json``
 and the exports once the study ends, and ``.running`` (the driver's pid) while it runs.
 The ``report``, ``export``, ``ui`` and ``ls`` commands read studies through this module
-only; nothing here writes into a study.
+only, as records: the config as a :class:`~autotune.config.schema.Config`, the summary as a
+:class:`~autotune.record.summary.StudySummary`, the trials as
+:class:`~autotune.record.records.Record`. Nothing here writes into a study.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from autotune.errors import ConfigError
 from autotune.errors import did_you_mean
+from autotune.record.summary import StudySummary
+
+if TYPE_CHECKING:
+    import optuna
+
+    from autotune.config.schema import Config
+    from autotune.record.records import Record
 
 RUNNING_FILE = ".running"
 CONFIG_FILE = "config.yaml"
@@ -53,8 +61,13 @@ def find_study(arg: str | None, root: Path = Path("studies")) -> Path:
     return path
 
 
-def read_config(path: Path) -> dict:
-    """The study's resolved config: ``config.yaml``, else ``best.yaml`` (older studies)."""
+def read_config(path: Path) -> Config:
+    """The study's resolved config: ``config.yaml``, else ``best.yaml`` (older studies).
+
+    ``study.dir`` is set to ``path``; the dict as written is ``Config.raw``.
+    """
+    from autotune.config.schema import load_config
+
     for name in (CONFIG_FILE, "best.yaml"):
         f = path / name
         if f.exists():
@@ -62,32 +75,40 @@ def read_config(path: Path) -> dict:
             if name == "best.yaml":  # best.yaml renames the study; the storage is this one's
                 data["study"]["name"] = data["study"]["name"].removesuffix("-best")
             data["study"]["dir"] = str(path)
-            return data
+            return load_config(data)
     raise ConfigError("STUDY_DIR", str(path), "has no config.yaml (or best.yaml): it was started by an "
                       "older autotune; run `autotune run` with the same preset once to write it")
 
 
-def storage_url(path: Path, config: dict) -> str:
+def constraints_as_written(config: Config) -> list[str]:
+    """The study's constraints as its config spells them (``ppl_delta_pct <= 2.0``), for reports."""
+    return [str(c) for c in config.raw.get("constraints") or []]
+
+
+def storage_url(path: Path, config: Config) -> str:
     """Where the study's trials are: the configured storage or ``<dir>/optuna.db``."""
-    return config["study"].get("storage") or f"sqlite:///{path.resolve()}/optuna.db"
+    return config.study.storage or f"sqlite:///{path.resolve()}/optuna.db"
 
 
-def load_study(path: Path, config: dict):
+def load_study(path: Path, config: Config) -> optuna.Study:
     """The Optuna study of a study directory, opened read-only in spirit (no trial is added)."""
     import optuna
 
+    from autotune.record.storage import check_db
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = storage_url(path, config)
+    check_db(path, url)  # one line (unreadable, truncated, missing) instead of a SQLAlchemy traceback
     try:
-        return optuna.load_study(study_name=config["study"]["name"], storage=url)
+        return optuna.load_study(study_name=config.study.name, storage=url)
     except KeyError as e:
-        raise ConfigError("STUDY_DIR", str(path), f"no Optuna study {config['study']['name']!r} in {url}") from e
+        raise ConfigError("STUDY_DIR", str(path), f"no Optuna study {config.study.name!r} in {url}") from e
 
 
-def read_summary(path: Path) -> dict | None:
-    """``summary.json`` as a dict (None if the study has not ended yet)."""
+def read_summary(path: Path) -> StudySummary | None:
+    """``summary.json`` as a :class:`StudySummary` (None if the study has not ended yet)."""
     f = path / "summary.json"
-    return json.loads(f.read_text()) if f.exists() else None
+    return StudySummary.load(f) if f.exists() else None
 
 
 def running_pid(path: Path) -> int | None:
@@ -125,7 +146,7 @@ class StudyState:
     state: str  # running | finished | interrupted | stopped
 
 
-def best_feasible(records: list, metric: str) -> Any:
+def best_feasible(records: list[Record], metric: str) -> Record | None:
     """The feasible record with the best value of ``metric`` (None if none)."""
     from autotune.objectives import get_metric
 
@@ -152,7 +173,7 @@ def state_of(path: Path) -> StudyState:
     from autotune.record.study import records
 
     config = read_config(path)
-    metric = (config.get("select") or {}).get("metric", "decode_tps")
+    metric = config.select.metric
     study = load_study(path, config)
     recs = records(study)
     best = best_feasible(recs, metric)
@@ -163,10 +184,10 @@ def state_of(path: Path) -> StudyState:
     elif summary is None:
         state = "stopped"
     else:
-        state = "interrupted" if summary.get("interrupted") else "finished"
+        state = "interrupted" if summary.interrupted else "finished"
     value = best.metrics[metric] if best else None
     return StudyState(
-        name=config["study"]["name"], path=path, done=len(recs), total=config["study"].get("n_trials"),
+        name=config.study.name, path=path, done=len(recs), total=config.study.n_trials,
         feasible=sum(r.feasible for r in recs), best=value, best_trial=best.number if best else None,
         metric=metric, speedup=speedup(value, base.metrics.get(metric) if base else None, metric),
         state=state,

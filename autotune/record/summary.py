@@ -2,6 +2,9 @@
 
 Both are frozen dataclasses; ``summary.json`` stays their on-disk form (``to_dict`` /
 ``from_dict`` round-trip, optional verdict keys are left out when unknown, as before).
+:meth:`StudySummary.load` reads ``summary.json`` back and :meth:`StudySummary.to_json` writes
+it: for a summary written by autotune the two give back the file's bytes. Code outside
+``autotune/record/`` reads these records by attribute, never by string key.
 :func:`prediction_error` compares what the engine predicted before each launch (memory
 needed, decode speed upper bound) with what the trial then measured.
 """
@@ -9,14 +12,16 @@ needed, decode speed upper bound) with what the trial then measured.
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from dataclasses import dataclass
 from dataclasses import field
+from pathlib import Path
 from typing import Any
 
 from autotune.engines.predict import Prediction
 from autotune.engines.predict import compare
-from autotune.search.select import Record
+from autotune.record.records import Record
 
 # keys of summary.json written only when known (older summaries lack them too)
 _OPTIONAL = ("remeasured", "lead_within_noise", "runner_up", "speedup", "speedup_source",
@@ -45,6 +50,28 @@ class Remeasurement:
     speedup_source: str | None = None
     speedup_within_noise: bool | None = None
     note: str | None = None
+
+    def remeasured_rows(self) -> list[RemeasuredRow]:
+        """The side-by-side re-measurement, one row per trial, in the order it was stored."""
+        if not self.remeasured:
+            return []
+        return [RemeasuredRow(str(n), v["median"], tuple(v["ci95"]), v["n"])
+                for n, v in self.remeasured["by_trial"].items()]
+
+    @property
+    def remeasured_metric(self) -> str | None:
+        """The metric the re-measurement compared (None if there was none)."""
+        return self.remeasured["metric"] if self.remeasured else None
+
+
+@dataclass(frozen=True)
+class RemeasuredRow:
+    """One trial's re-measured median, its 95% confidence interval and the sample count."""
+
+    trial: str  # the trial number as summary.json keys it
+    median: float
+    ci95: tuple[float, float]
+    n: int
 
 
 @dataclass(frozen=True)
@@ -100,6 +127,14 @@ def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionErr
         speed_over_bound=sum(r > 1.05 for r in ratio),
     )
 
+# What trial 0 (the baseline) is, by engine: the speed-up is stated over these defaults.
+BASELINE_LABELS = {"llama_server": "llama-server's defaults"}
+
+
+def baseline_label(engine: str) -> str:
+    """How the summary names the baseline of ``engine`` ("the engine defaults" unless known)."""
+    return BASELINE_LABELS.get(engine, "the engine defaults")
+
 
 @dataclass(frozen=True, kw_only=True)
 class StudySummary(Remeasurement):
@@ -143,6 +178,14 @@ class StudySummary(Remeasurement):
             out[f.name] = value
         return out
 
+    def to_json(self) -> str:
+        """The text of ``summary.json`` (indented JSON and a final newline)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False, default=str) + "\n"
+
+    def with_warnings(self, notes: list[str]) -> StudySummary:
+        """A copy with ``notes`` appended to the warnings (the export checks' notes)."""
+        return dataclasses.replace(self, warnings=[*(self.warnings or []), *notes]) if notes else self
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StudySummary:
         names = {f.name for f in dataclasses.fields(cls)}
@@ -151,3 +194,8 @@ class StudySummary(Remeasurement):
         if kw.get("prediction") is not None:
             kw["prediction"] = PredictionError(**kw["prediction"])
         return cls(**kw)
+
+    @classmethod
+    def load(cls, path: Path) -> StudySummary:
+        """Read a ``summary.json`` file."""
+        return cls.from_dict(json.loads(Path(path).read_text()))

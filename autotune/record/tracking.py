@@ -16,6 +16,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.record import mlflow_view
+from autotune.record.study import trial_attrs
 from autotune.trial.spec import TrialResult
 
 if TYPE_CHECKING:
@@ -150,18 +151,17 @@ class Tracker:
                     self.client.delete_run(r.info.run_id)
             if done:
                 continue
-            attrs = t.user_attrs
-            status = attrs.get("status") or ("ok" if t.state == TrialState.COMPLETE else "failed")
+            attrs = trial_attrs(t)
+            status = attrs.status or ("ok" if t.state == TrialState.COMPLETE else "failed")
             if status not in ("ok", "failed", "infeasible", "timeout"):
                 status = "failed"
             cons = dict(t.constraints or {}) if hasattr(t, "constraints") else {}
             feasible = t.state == TrialState.COMPLETE and status == "ok" and all(
                 v <= 0 for v in cons.values())
-            result = TrialResult(t.number, status, metrics=dict(attrs.get("metrics") or {}),
-                                 reason=str(attrs.get("reason", "")), node=str(attrs.get("node", "")),
-                                 duration_s=float(attrs.get("duration_s") or 0.0))
+            result = TrialResult(t.number, status, metrics=dict(attrs.metrics or {}),
+                                 reason=str(attrs.reason), node=attrs.node, duration_s=attrs.duration_s)
             log = self.study_dir / "trials" / f"{t.number:04d}" / "trial.log"
-            self.log_trial(t.number, dict(attrs.get("params") or t.params), result, feasible,
+            self.log_trial(t.number, dict(attrs.params or t.params), result, feasible,
                            log if log.exists() else None)
             logged += 1
         return logged

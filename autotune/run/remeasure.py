@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from autotune.measure.stats import summarize
 from autotune.measure.stats import within_noise
 from autotune.objectives import get_metric
+from autotune.record.records import Record
 from autotune.record.study import constraint_values
 from autotune.record.summary import Verdict
-from autotune.search.select import Record
 from autotune.search.select import rank
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Winner selection among feasible Pareto trials: ``max`` one metric, ``knee``, or ``weighted``.
 
-Pure functions over :class:`Record` (number, params, metrics), tested table-first. The
-driver re-measures the top candidates side by side and calls :func:`rank` again on the
+Pure functions over :class:`~autotune.record.records.Record` (number, params, metrics),
+tested table-first. The driver re-measures the top candidates side by side and calls :func:`rank` again on the
 re-measured numbers, so noise in the search cannot pick the winner. :func:`search_scalar`
 is the one number the default search (``study.search: single``) optimises: the metric
 the winner is chosen by, or a scale-free scalarisation of the metrics ``knee``/``weighted`` read.
@@ -10,25 +10,9 @@ the winner is chosen by, or a scale-free scalarisation of the metrics ``knee``/`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from dataclasses import field
-from typing import Any
 
 from autotune.objectives import get_metric
-
-
-@dataclass(frozen=True)
-class Record:
-    """A finished trial as the exporter and selector see it."""
-
-    number: int
-    params: dict[str, Any]
-    metrics: dict[str, float]
-    status: str = "ok"
-    feasible: bool = True
-    reason: str = ""
-    violations: dict[str, float] = field(default_factory=dict)
-    kind: str = "launched"  # launched (ran), rejected (never started), duplicate (reused a result)
+from autotune.record.records import Record
 
 
 def _norm(records: list[Record], metric: str) -> dict[int, float]:

@@ -10,7 +10,8 @@ import yaml
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
 from autotune.output.export import write_all
-from autotune.search.select import Record
+from autotune.record.records import Record
+from autotune.record.summary import StudySummary
 from autotune.search.select import pareto_front
 from autotune.search.space import compile_space
 
@@ -33,7 +34,8 @@ def test_write_all_produces_every_file(tmp_path):
     params = {"model": "q4_0", "n_threads": 2, "n_threads_batch": 2, "n_batch": 256, "n_ubatch": 128,
               "n_ctx": 1024, "flash_attn": True, "type_k": "q8_0", "type_v": "q8_0"}
     win = Record(3, params, {"decode_tps": 90.0, "ttft_p95_ms": 120.0})
-    files = write_all(tmp_path, cfg, space, [win], win, {"winner": 3})
+    summary = StudySummary(study="s", engine="llamacpp", interrupted=False, winner=win)
+    files = write_all(tmp_path, cfg, space, [win], win, summary)
     names = {f.name for f in files}
     assert {"pareto.json", "pareto.csv", "best.yaml", "llama-server.sh", "llama_cpp_kwargs.json", "summary.json"} <= names
     rows = list(csv.DictReader((tmp_path / "pareto.csv").open()))
@@ -57,7 +59,8 @@ def test_summary_says_when_an_export_cannot_run(tmp_path):
     cfg = load_config(data)
     space = compile_space(cfg)
     win = Record(2, {"model": "gone", "n_threads": 2}, {"decode_tps": 90.0, "ttft_p95_ms": 120.0})
-    write_all(tmp_path, cfg, space, [win], win, {"winner": 2, "warnings": ["earlier"]})
+    write_all(tmp_path, cfg, space, [win], win,
+              StudySummary(study="s", engine="llamacpp", interrupted=False, winner=win, warnings=["earlier"]))
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["warnings"][0] == "earlier"
     assert any("gone.gguf does not exist" in w for w in summary["warnings"][1:]), summary["warnings"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from autotune.search.select import Record
+from autotune.record.records import Record
 from autotune.search.select import pareto_front
 from autotune.search.select import rank
 from autotune.search.select import search_direction
