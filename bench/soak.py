@@ -3,20 +3,21 @@
 Runs the real CLI (``autotune run``) on the fake engine with 4 trial slots (4 fake GPUs, so
 GPU leases are taken), ``--trials`` configurations enqueued up front, about 30% of them
 faulty: crash, hang past the trial timeout, OOM, NaN metrics, garbage output, a slow start
-and a child process that ignores SIGTERM. The driver is SIGKILLed ``--kills`` times at
-random moments and started again (the same command resumes the study); during the first
-run one Ray worker executing a trial is SIGKILLed as well.
+and a child process that ignores SIGTERM. The driver is stopped at random moments and
+started again (the same command resumes the study): SIGKILLed ``--kills`` times, sent
+SIGTERM ``--sigterms`` times (a clean stop, exit 143); in the first run one Ray worker is
+SIGKILLed mid-trial; in the last, a second driver of the study (``--rivals``) must be refused.
 
 At the end it reads Optuna's storage (the truth), the MLflow store and /proc, and prints:
 trials requested / measured / lost (a requested configuration with no finished,
 non-interrupted trial), duplicates, RUNNING or WAITING left in Optuna, MLflow child runs vs
 Optuna trials, processes left behind (descendants of every driver, the trials' process
-groups, anything naming the study's paths), GPU leases still held, and the wall time.
-Exit code 0 when every target holds: 0 lost, 0 RUNNING, MLflow = Optuna, 0 processes left,
-0 leases held.
+groups, anything naming the study's paths), GPU leases held, SIGTERM exit codes, the second
+driver's answer, native stack dumps, wall time. Exit 0 when all hold: 0 lost, 0 RUNNING,
+MLflow = Optuna, 0 processes and leases left, SIGTERM = 143, rival refused, no stack dump.
 
-Run: ``python bench/soak.py [--trials 200] [--kills 5] [--slots 4] [--json OUT.json]``
-(about 5-8 minutes on 2 cores; ``--trials 24 --kills 2`` is the smoke test).
+Run: ``python bench/soak.py [--trials 200] [--kills 5] [--sigterms 2] [--json OUT.json]``
+(about 5-8 minutes on 2 cores; ``--smoke`` is the test suite's short version).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -132,8 +134,10 @@ def ray_trial_workers(driver: int) -> list[int]:
 
 # ---- the run -----------------------------------------------------------------------------
 def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen: set,
-               log) -> tuple[int | None, bool]:
-    """One ``autotune run``; SIGKILL it after ``kill_after`` s. (exit code or None, worker killed)."""
+               log, stop: int = signal.SIGKILL, rival: bool = False) -> tuple[int | None, bool, Any]:
+    """One ``autotune run``; send it ``stop`` after ``kill_after`` s; with ``rival``, start a
+    second driver of the study once the first trial runs. (exit code or None when SIGKILLed,
+    worker killed, the rival's (exit code, first stderr line, holder pid) or None)."""
     # TMPDIR: the GPU lease files (autotune.run.cluster.LEASE_DIR) of this soak's trials live in
     # the work dir, so leases held by other studies on the machine are not counted.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
@@ -144,10 +148,14 @@ def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen
                             stdin=subprocess.DEVNULL)
     first = None  # when the first trial of this run started (the kill clock starts there)
     starts = _n_starts(work)
-    worker_killed = False
+    worker_killed, second = False, None
     while proc.poll() is None:
         time.sleep(0.5)
         seen |= descendants(proc.pid)
+        if rival and second is None and lock_holder(work) == proc.pid:  # even with no trial left
+            second = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+            print("  started a second driver of the same study", flush=True)
         if first is None:
             if _n_starts(work) == starts:
                 continue
@@ -161,11 +169,30 @@ def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen
                 print(f"  killed Ray worker at {elapsed:.1f} s", flush=True)
         if kill_after is not None and elapsed > kill_after:
             seen |= descendants(proc.pid)
+            if stop == signal.SIGTERM:  # a clean stop: trials interrupted, exports written
+                proc.send_signal(signal.SIGTERM)
+                code = proc.wait(timeout=300)
+                print(f"  SIGTERMed the driver at {elapsed:.1f} s: exit {code}", flush=True)
+                return code, worker_killed, None
             proc.kill()
             proc.wait()
             print(f"  SIGKILLed the driver at {elapsed:.1f} s", flush=True)
-            return None, worker_killed
-    return proc.returncode, worker_killed
+            return None, worker_killed, None
+    answer = None
+    if second is not None:
+        _, err = second.communicate(timeout=300)
+        line = next((x for x in err.splitlines() if x.startswith("autotune")), err.strip()[-300:])
+        answer = (second.returncode, line, proc.pid)
+        print(f"  second driver: exit {second.returncode}: {line[:160]}", flush=True)
+    return proc.returncode, worker_killed, answer
+
+
+def lock_holder(work: Path) -> int | None:
+    """The pid in the study's lock file (autotune.record.lock), None if empty or absent."""
+    try:
+        return int(json.loads((work / "studies" / "soak" / ".lock").read_text())["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _n_starts(work: Path) -> int:
@@ -257,7 +284,10 @@ def audit(work: Path, items: list[dict], n_trials: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=200)
-    ap.add_argument("--kills", type=int, default=5)
+    ap.add_argument("--kills", type=int, default=5, help="driver SIGKILLs")
+    ap.add_argument("--sigterms", type=int, default=2, help="driver SIGTERMs (each must exit 143)")
+    ap.add_argument("--rivals", type=int, default=1, choices=(0, 1),
+                    help="start a second driver of the study during the last run (must be refused)")
     ap.add_argument("--slots", type=int, default=4)
     ap.add_argument("--faulty", type=float, default=0.3, help="share of faulty trials")
     ap.add_argument("--trial-timeout", type=float, default=10.0, help="study.trial_timeout_s")
@@ -267,7 +297,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-runs", type=int, default=12, help="give up after this many driver runs")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", help="work in this directory (kept) instead of a temporary one")
+    ap.add_argument("--smoke", action="store_true",
+                    help="16 trials, 1 driver kill 2-6 s in, 1 SIGTERM (what the test suite runs)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        args.trials, args.kills, args.kill_window = 16, 1, (2.0, 6.0)
+        args.sigterms = min(args.sigterms, 1)
     rng = random.Random(args.seed)
     random.seed(args.seed)
     t0 = time.time()
@@ -277,19 +312,28 @@ def main(argv: list[str] | None = None) -> int:
     items = plan(args.trials, args.faulty, args.seed)
     write_preset(work, args, items)
     seen: set[tuple[int, int]] = set()
-    kills, codes, worker_killed = 0, [], False
+    kills, codes, worker_killed, term_codes, rival = 0, [], False, [], None
+    stops = [signal.SIGKILL] * args.kills + [signal.SIGTERM] * args.sigterms
+    rng.shuffle(stops)
     with open(work / "driver.log", "ab") as log:
         for run in range(args.max_runs):
-            kill_after = rng.uniform(*args.kill_window) if kills < args.kills else None
-            print(f"run {run + 1}: " + (f"kill after {kill_after:.1f} s" if kill_after else "to the end"),
+            stop = stops[run] if run < len(stops) else None
+            kill_after = rng.uniform(*args.kill_window) if stop else None
+            print(f"run {run + 1}: " + (f"{stop.name} after {kill_after:.1f} s" if stop else "to the end"),
                   flush=True)
-            code, wk = run_driver(work, kill_after, not worker_killed, seen, log)
+            code, wk, answer = run_driver(work, kill_after, not worker_killed, seen, log,
+                                          stop or signal.SIGKILL, rival=stop is None and args.rivals > 0)
             worker_killed |= wk
+            rival = answer or rival
             if code is None:
                 kills += 1
                 continue
+            if stop == signal.SIGTERM and code != 0:  # 0: the study ended before the signal
+                term_codes.append(code)
+                continue
             codes.append(code)
             break
+    dumps = (work / "driver.log").read_bytes().count(b"*** SIG")  # Ray's native stack dump
     # Ray's node processes of a SIGKILLed driver notice its death and exit on their own, but
     # on a loaded box that can take longer than the grace: poll up to GRACE_S, then report
     deadline = time.monotonic() + GRACE_S
@@ -302,10 +346,15 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.time() - t0
     res.update(kills=kills, ray_worker_killed=worker_killed, final_exit=codes[-1] if codes else None,
                processes_left={k: len(v) for k, v in left.items()}, leases_held=len(held),
-               wall_s=round(wall, 1), faulty_planned=sum(len(i) > 2 or "duration_s" in i for i in items))
+               wall_s=round(wall, 1), faulty_planned=sum(len(i) > 2 or "duration_s" in i for i in items),
+               sigterm_exits=term_codes, stack_dumps=dumps,
+               rival_exit=rival[0] if rival else None, rival_line=rival[1] if rival else None)
+    rival_ok = args.rivals == 0 or (rival is not None and rival[0] == 2 and f"pid {rival[2]}" in rival[1])
+    res["rival_refused"] = rival_ok
     ok = (res["lost"] == 0 and res["running"] == 0 and res["mlflow_missing"] == 0
           and res["mlflow_extra"] == 0 and not any(res["processes_left"].values())
-          and res["leases_held"] == 0 and res["final_exit"] == 0)
+          and res["leases_held"] == 0 and res["final_exit"] == 0
+          and all(c == 143 for c in term_codes) and dumps == 0 and rival_ok)
     res["ok"] = ok
     rows = [
         ("trials requested / measured / lost", f"{res['requested']} / {res['measured']} / {res['lost']}"),
@@ -318,6 +367,12 @@ def main(argv: list[str] | None = None) -> int:
          f"extra {res['mlflow_extra']})"),
         ("MLflow parent runs (status)", f"{res['mlflow_parents']} ({res['parent_status']})"),
         ("driver SIGKILLs / Ray worker killed", f"{kills} / {worker_killed}"),
+        ("driver SIGTERMs (exit codes; 143 expected)", f"{len(term_codes)} ({term_codes})"),
+        ("native stack dumps in the drivers' log", dumps),
+        ("second driver beside the last run",
+         "not started" if args.rivals == 0 else
+         f"exit {res['rival_exit']}" + (" (refused, names the holder)" if rival_ok else
+                                        f" NOT REFUSED: {res['rival_line']}")),
         ("processes left (descendants, groups, paths, SIGTERM-ignoring)",
          " / ".join(str(v) for v in res["processes_left"].values())),
         ("GPU leases held", res["leases_held"]),

@@ -103,11 +103,12 @@ def _log_report(path: Path, files: list[Path]) -> None:
     from autotune.record.mlflow_view import PARENT_ATTR
     from autotune.record.mlflow_view import log_report
     from autotune.record.studies import load_study
+    from autotune.record.study import study_attr
 
     config = read_config(path)
-    parent = load_study(path, config).user_attrs.get(PARENT_ATTR)
-    if (config.get("tracking") or {}).get("enabled", True) and parent:
-        log_report(config["tracking"]["uri"], parent, files)
+    parent = study_attr(load_study(path, config), PARENT_ATTR)
+    if config.tracking.enabled and parent:
+        log_report(config.tracking.uri, parent, files)
 
 
 # ---- the commands --------------------------------------------------------------------------
@@ -196,6 +197,9 @@ def cmd_ui(args: argparse.Namespace) -> int:
         raise ConfigError("--port", args.port, "expected a port number 1-65535")
     path = find_study(args.study_dir)
     config = read_config(path)
+    from autotune.record.storage import check_db
+
+    check_db(path, storage_url(path, config))  # an unreadable optuna.db: one line, exit 2
     base = f"http://127.0.0.1:{args.port}"
     if args.optuna:
         exe = shutil.which("optuna-dashboard")
@@ -203,7 +207,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
             raise ConfigError("--optuna", "optuna-dashboard", "not installed; pip install optuna-dashboard")
         argv = [exe, storage_url(path, config), "--host", "127.0.0.1", "--port", str(args.port)]
         return _serve(argv, base, base, "optuna-dashboard")
-    uri = config["tracking"]["uri"]
+    uri = config.tracking.uri
     # one worker and no job runner: a local UI for one person starts in seconds, not minutes
     argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
             "--host", "127.0.0.1", "--port", str(args.port), "--workers", "1"]
@@ -221,11 +225,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
     root = Path(args.root)
     if not root.is_dir():
         raise ConfigError("ls", args.root, "not a directory of studies")
-    states = []
+    states, broken = [], 0
     for d in study_dirs(root):
         try:
             states.append(state_of(d))
-        except ConfigError as e:
-            print(f"{d}: {e}", file=sys.stderr)
+        except ConfigError as e:  # e.g. an unreadable optuna.db: one line, the others listed
+            print(f"autotune: error: {d}: {e}", file=sys.stderr)
+            broken += 1
     print_studies(states)
-    return 0
+    return 2 if broken else 0

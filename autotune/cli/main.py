@@ -1,11 +1,13 @@
-"""Command line: ``autotune run|report|export|ui|ls``.
+"""Command line: ``autotune run|report|export|ui|ls|repair``.
 
-``autotune run [conf=NAME] [OVERRIDES...] [--config-dir DIR] [--dry-run]`` runs or resumes a
-study; ``report``, ``export``, ``ui`` and ``ls`` read a study that exists (finished,
-interrupted or still running; see :mod:`autotune.cli.commands`).
+``autotune run [conf=NAME] [OVERRIDES...] [--config-dir DIR] [--dry-run] [--fork NAME]`` runs
+or resumes a study, holding its lock (:mod:`autotune.record.lock`); ``report``, ``export``,
+``ui`` and ``ls`` read a study that exists (finished, interrupted or still running; see
+:mod:`autotune.cli.commands`); ``repair`` rebuilds a damaged one (:mod:`autotune.record.repair`).
 
 Bad input exits 2 with one line (key, value, what is allowed) before any trial starts and
-before anything is written. Ctrl-C stops trials in flight, exports what is done, exits 130.
+before anything is written. Ctrl-C, SIGTERM and SIGHUP stop trials in flight, export what is
+done and exit 130, 143 and 129 (:mod:`autotune.run.stop`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 
 from autotune.errors import ConfigError
@@ -23,10 +24,14 @@ USAGE_EXAMPLES = """examples:
   autotune run conf=local_cpu study.n_trials=12
   autotune run --config-dir ~/my-confs conf=my_box
   autotune run conf=hydra_cluster --dry-run
+  autotune doctor                                # what this machine can run, with fixes
+  autotune init ~/models/m.gguf --out ~/my-confs  # a preset for this box and this model
   autotune ls                                    # the studies under studies/
   autotune report studies/local_cpu              # summary again + report.html and PNGs
   autotune export studies/local_cpu --trial 7 --out /tmp/t7
   autotune ui studies/local_cpu                  # MLflow UI on 127.0.0.1 at the study's runs
+  autotune repair studies/local_cpu              # rebuild a damaged optuna.db from trials/
+  autotune run workload=long --fork local_cpu-long  # a new study seeded from local_cpu
 """
 
 
@@ -47,9 +52,21 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("overrides", nargs="*", help="conf=PRESET and Hydra overrides (key=value)")
     run.add_argument("--config-dir", help="a directory of your own presets (searched first)")
     run.add_argument("--dry-run", action="store_true", help="print the plan; run no trial")
+    run.add_argument("--no-doctor", action="store_true", help="skip the engine's doctor checks "
+                     "(autotune doctor) made before the first trial")
+    run.add_argument("--fork", metavar="NAME", help="start study NAME seeded with the compatible "
+                     "configurations of the study the overrides name (after a refused resume)")
     from autotune.cli.commands import add_parsers
 
     add_parsers(sub)
+    from autotune.record.repair import add_parser as add_repair
+
+    add_repair(sub)
+    from autotune.cli.doctor import add_parser as add_doctor
+    from autotune.cli.init import add_parser as add_init
+
+    add_doctor(sub)
+    add_init(sub)
     return p
 
 
@@ -82,30 +99,48 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print_plan(cfg, space, baseline)
         return 0
+    if not args.no_doctor:
+        from autotune.cli.doctor import gate
+
+        gate(cfg)  # the engine's doctor checks: a failure exits 2 with the doctor's line
     from autotune.cli.commands import after_run
     from autotune.cli.commands import study_started
     from autotune.output.report import Reporter
+    from autotune.record.lock import StudyLock
+    from autotune.record.resume import before_run
+    from autotune.record.resume import fork_overrides
     from autotune.record.tracking import Tracker
+    from autotune.run import stop
     from autotune.run.driver import Driver
     from autotune.run.placement import Placement
 
-    running = study_started(cfg)  # config.yaml + .running (validated: safe to write now)
-    reporter = Reporter(cfg)
-    tracker = Tracker(cfg) if cfg.tracking.enabled else None
-    placement = Placement(cfg.ray)
+    source = None
+    if args.fork:  # the fork is a new study: its own name, directory and lock
+        source = cfg
+        cfg, space, baseline = prepare([*args.overrides, *fork_overrides(cfg, args.fork)], args.config_dir)
+    lock = StudyLock(cfg.study.dir).acquire()  # exit 2 naming the holder if another run has it
     try:
-        summary = Driver(cfg, space, placement, tracker, reporter).run()
+        notes, seeds = before_run(cfg, space, baseline, source)  # storage readable, resume comparable
+        running = study_started(cfg)  # config.yaml + .running (validated: safe to write now)
+        reporter = Reporter(cfg)
+        for note in (lock.note, *notes):
+            if note:
+                reporter.note(note)
+        tracker = Tracker(cfg) if cfg.tracking.enabled else None
+        placement = Placement(cfg.ray)
+        driver = Driver(cfg, space, placement, tracker, reporter, seeds=seeds,
+                        fork_of=source.study.name if source else None)
+        try:
+            summary = driver.run()
+        finally:
+            reporter.close()
+            placement.shutdown()
+            stop.install()  # ray.shutdown leaves SIGTERM at its default: a stop now still exports
+            running.unlink(missing_ok=True)
+        after_run(cfg, reporter)
     finally:
-        reporter.close()
-        placement.shutdown()
-        running.unlink(missing_ok=True)
-    after_run(cfg, reporter)
-    interrupted = summary.get("interrupted") if isinstance(summary, dict) else summary.interrupted
-    return 130 if interrupted else 0
-
-
-def _sigterm(signum, frame):  # noqa: ARG001
-    raise KeyboardInterrupt
+        lock.release()
+    return stop.exit_code(driver.stopped) if summary.interrupted or stop.received() else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     args = _parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
+    from autotune.run import stop
+
+    stop.install()  # SIGTERM/SIGHUP = Ctrl-C (the driver installs them again after ray.init)
     try:
         if args.command == "run":
             return cmd_run(args)
@@ -121,9 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"autotune: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("autotune: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"autotune: interrupted ({stop.name(e)})", file=sys.stderr)
+        return stop.exit_code(e)
     return 1
 
 

@@ -12,6 +12,11 @@ live in its user attributes: ``launched`` (ran; counts against ``n_trials``), ``
 (broke a rule or was predicted not to fit: never started), ``duplicate`` (same parameters
 as a measured trial: its result reused) and ``interrupted`` (cut off by a stop: re-run on
 resume, not counted).
+
+Optuna's user attributes are read and written here only: :func:`trial_attrs` reads a
+trial's as a :class:`TrialAttrs`; :func:`tell`, :func:`tell_fail`, :func:`mark_launched`
+and :func:`mark_interrupted` write them; :func:`study_attr` / :func:`set_study_attr` hold
+the study's own (the config fingerprint, the MLflow parent run).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from dataclasses import dataclass
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -27,7 +34,8 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.errors import ConfigError
-from autotune.search.select import Record
+from autotune.record.records import Record
+from autotune.record.storage import open_rdb
 from autotune.search.select import search_direction
 from autotune.search.select import search_scalar
 from autotune.search.space import encode
@@ -40,6 +48,68 @@ if TYPE_CHECKING:
 RUN_OK = "run_ok"
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 LAUNCHED, REJECTED, DUPLICATE, INTERRUPTED = "launched", "rejected", "duplicate", "interrupted"
+FINGERPRINT = "fingerprint"  # study attribute: config_fingerprint of the config that started it
+
+
+# ---- user attributes: the one place that reads and writes them ---------------------------
+@dataclass(frozen=True)
+class TrialAttrs:
+    """What autotune keeps in a trial's Optuna user attributes (None or empty when absent).
+
+    ``status``/``reason``/``metrics``/``node``/``duration_s``: the trial's result;
+    ``params``: its decoded parameters; ``kind``: launched, rejected, duplicate or
+    interrupted; ``prediction``: the engine's pre-launch estimate (``need_gb``,
+    ``have_gb``, ``decode_tps_upper``); ``role`` (baseline, enqueued, design, rerun),
+    ``rerun_of`` and ``duplicate_of``: where the trial came from.
+    """
+
+    status: str | None = None
+    reason: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    params: dict[str, Any] | None = None
+    kind: str | None = None
+    node: str = ""
+    duration_s: float = 0.0
+    prediction: dict[str, Any] | None = None
+    role: str | None = None
+    rerun_of: int | None = None
+    duplicate_of: int | None = None
+
+
+def trial_attrs(t: optuna.trial.FrozenTrial) -> TrialAttrs:
+    """A finished (or running) trial's user attributes as a :class:`TrialAttrs`."""
+    u = t.user_attrs
+    return TrialAttrs(status=u.get("status"), reason=u.get("reason", ""), metrics=u.get("metrics", {}),
+                      params=u.get("params"), kind=u.get("kind"), node=str(u.get("node", "")),
+                      duration_s=float(u.get("duration_s") or 0.0), prediction=u.get("prediction"),
+                      role=u.get("role"), rerun_of=u.get("rerun_of"), duplicate_of=u.get("duplicate_of"))
+
+
+def copied_attrs(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """Every user attribute of ``t``, to copy the trial into another (in-memory) study."""
+    return dict(t.user_attrs)
+
+
+def _set_attrs(trial: optuna.Trial, attrs: dict[str, Any]) -> None:
+    for key, value in attrs.items():
+        trial.set_user_attr(key, value)
+
+
+def mark_launched(trial: optuna.Trial, params: dict[str, Any], prediction: dict[str, Any] | None) -> None:
+    """Attributes of a trial about to start: its kind, parameters and the engine's prediction."""
+    _set_attrs(trial, {"kind": LAUNCHED, "params": params})
+    if prediction is not None:
+        _set_attrs(trial, {"prediction": prediction})
+
+
+def study_attr(study: optuna.Study, name: str) -> Any:
+    """One of the study's own attributes (``FINGERPRINT``, the MLflow parent run id); None if unset."""
+    return study.user_attrs.get(name)
+
+
+def set_study_attr(study: optuna.Study, name: str, value: Any) -> None:
+    """Set one of the study's own attributes (a JSON-serialisable value)."""
+    study.set_user_attr(name, value)
 
 
 def config_fingerprint(cfg: Config) -> str:
@@ -80,8 +150,7 @@ def open_study(cfg: Config, sampler: optuna.samplers.BaseSampler) -> tuple[optun
     """
     Path(cfg.study.dir).mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = optuna.storages.RDBStorage(cfg.storage_url, engine_kwargs={"connect_args": {"timeout": 30}}) \
-        if cfg.storage_url.startswith("sqlite") else cfg.storage_url
+    storage = open_rdb(cfg.storage_url)  # SQLite in WAL mode (autotune.record.storage)
     dirs = directions(cfg)
     study = optuna.create_study(
         storage=storage, study_name=cfg.study.name, directions=dirs, sampler=sampler, load_if_exists=True
@@ -105,17 +174,16 @@ def mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
 
 def tell_fail(study: optuna.Study, trial: optuna.Trial, params: dict, kind: str, reason: str) -> None:
     """Tell a trial FAIL (samplers skip it): an in-flight duplicate, or cut off by a stop."""
-    for key, value in (("status", "failed"), ("reason", reason), ("kind", kind), ("params", params)):
-        trial.set_user_attr(key, value)
+    _set_attrs(trial, {"status": "failed", "reason": reason, "kind": kind, "params": params})
     study.tell(trial, state=TrialState.FAIL)
 
 
 def kind_of(t: optuna.trial.FrozenTrial) -> str:
     """A finished trial's kind (studies from before kinds: rule refusals were never run)."""
-    kind = t.user_attrs.get("kind")
-    if kind:
-        return kind
-    if t.user_attrs.get("status") == "infeasible" and t.user_attrs.get("reason", "").startswith("rule"):
+    a = trial_attrs(t)
+    if a.kind:
+        return a.kind
+    if a.status == "infeasible" and a.reason.startswith("rule"):
         return REJECTED
     return LAUNCHED
 
@@ -132,7 +200,7 @@ def n_finished(study: optuna.Study) -> int:
 def _worst(study: optuna.Study) -> list[float] | None:
     """Per told value, the worst among successful trials (None if there are none)."""
     ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-          if t.user_attrs.get("status") == "ok"]
+          if trial_attrs(t).status == "ok"]
     if not ok:
         return None
     out = []
@@ -169,8 +237,7 @@ def tell(study: optuna.Study, trial: optuna.Trial, cfg: Config, params: dict, re
         trial.set_constraint(name, value)
     stored = {"status": status, "reason": reason, "metrics": metrics, "params": params,
               "node": result.node, "duration_s": result.duration_s, "kind": kind, **(attrs or {})}
-    for k, v in stored.items():
-        trial.set_user_attr(k, v)
+    _set_attrs(trial, stored)
     if status == "ok":
         study.tell(trial, values)
     else:
@@ -188,11 +255,11 @@ def records(study: optuna.Study) -> list[Record]:
     out = []
     for t in study.get_trials(deepcopy=False, states=FINISHED):
         cons = dict(t.constraints or {}) if hasattr(t, "constraints") else {}
-        status = t.user_attrs.get("status", "failed" if t.state != TrialState.COMPLETE else "ok")
+        a = trial_attrs(t)
+        status = a.status if a.status is not None else ("failed" if t.state != TrialState.COMPLETE else "ok")
         feasible = t.state == TrialState.COMPLETE and status == "ok" and all(v <= 0 for v in cons.values())
-        out.append(Record(t.number, t.user_attrs.get("params", dict(t.params)),
-                          t.user_attrs.get("metrics", {}), status, feasible,
-                          t.user_attrs.get("reason", ""), cons, kind_of(t)))
+        params = a.params if a.params is not None else dict(t.params)
+        out.append(Record(t.number, params, a.metrics, status, feasible, a.reason, cons, kind_of(t)))
     return out
 
 
@@ -210,7 +277,7 @@ def enqueue_initial(study: optuna.Study, space: Space, baseline: dict[str, Any],
 def requeue_interrupted(study: optuna.Study) -> list[int]:
     """Enqueue again every interrupted trial's configuration not yet re-queued; their numbers."""
     trials = study.get_trials(deepcopy=False)
-    done = {t.user_attrs.get("rerun_of") for t in trials}
+    done = {trial_attrs(t).rerun_of for t in trials}
     out = []
     for t in trials:
         # an enqueued trial killed before suggest() has its configuration only in fixed_params

@@ -30,11 +30,16 @@ from autotune.errors import ConfigError
 from autotune.measure.quality import reference_ready
 from autotune.objectives import get_metric
 from autotune.output import export
+from autotune.record import storage
 from autotune.record import study as studylib
+from autotune.record.resume import FORKED_ATTR
+from autotune.record.resume import PARTS_ATTR
+from autotune.record.resume import config_parts
 from autotune.record.summary import StudySummary
 from autotune.record.summary import Verdict
 from autotune.record.summary import prediction_error
 from autotune.record.tracking import PARENT_ATTR
+from autotune.run import stop
 from autotune.run.launcher import Launcher
 from autotune.run.remeasure import choose_winner
 from autotune.search.bo import Pool
@@ -56,9 +61,9 @@ if TYPE_CHECKING:
 
     from autotune.config.schema import Config
     from autotune.output.report import Reporter
+    from autotune.record.records import Record
     from autotune.record.tracking import Tracker
     from autotune.run.placement import Placement
-    from autotune.search.select import Record
     from autotune.search.space import Space
 
 LOST_GRACE_S = 120.0
@@ -79,7 +84,8 @@ class Driver:
     """Runs one study. Holds the Optuna study, the launcher (Ray placement) and the tracker."""
 
     def __init__(self, cfg: Config, space: Space, placement: Placement, tracker: Tracker | None,
-                 reporter: Reporter) -> None:
+                 reporter: Reporter, seeds: list[dict[str, Any]] | None = None,
+                 fork_of: str | None = None) -> None:
         self.cfg = cfg
         self.space = space
         self.placement = placement
@@ -91,6 +97,9 @@ class Driver:
         self.stop_reason: str | None = None
         self._unlogged: list[tuple] = []
         self.dir = Path(cfg.study.dir)
+        self.seeds = list(seeds or [])  # a fork's configurations, measured right after trial 0
+        self.fork_of = fork_of  # the study a fork (autotune run --fork) was seeded from
+        self.stopped: KeyboardInterrupt | None = None  # Ctrl-C, SIGTERM or SIGHUP (run.stop)
 
     # ---- before the loop -------------------------------------------------------------
     def ensure_reference(self) -> None:
@@ -145,22 +154,26 @@ class Driver:
     def run(self) -> StudySummary:
         cfg = self.cfg
         t0 = time.monotonic()
+        stop.install()  # after ray.init (Placement), whose own SIGTERM handlers would pre-empt ours
         sampler = make_sampler(cfg.study.sampler, cfg.study.seed, self.space, cfg.study.n_trials,
                                self.n_startup(), cfg.study.search, pool=self.pool,
                                constraints=cfg.constraints)
         study, resumed = studylib.open_study(cfg, sampler)
         if not resumed:
             baseline = baseline_params(self.space, cfg.engine.variants)
-            studylib.enqueue_initial(study, self.space, baseline, cfg.study.enqueue, self.design(baseline))
-            study.set_user_attr("fingerprint", studylib.config_fingerprint(cfg))
-        elif study.user_attrs.get("fingerprint") != studylib.config_fingerprint(cfg):
-            self.report.warn("the config changed since this study started; results mix both configs")
+            studylib.enqueue_initial(study, self.space, baseline, [*self.seeds, *cfg.study.enqueue],
+                                     self.design(baseline))
+            studylib.set_study_attr(study, studylib.FINGERPRINT, studylib.config_fingerprint(cfg))
+        # what a measurement means, checked on the next resume (autotune.record.resume)
+        studylib.set_study_attr(study, PARTS_ATTR, config_parts(cfg))
+        if self.fork_of and not resumed:
+            studylib.set_study_attr(study, FORKED_ATTR, self.fork_of)
         rerun = studylib.requeue_interrupted(study)
         if rerun:
             self.report.note(f"re-queued trial(s) {rerun}, cut off by a stop (not counted in n_trials)")
         if self.tracker:
-            study.set_user_attr(PARENT_ATTR, self.tracker.start_study(
-                cfg.study.name, study.user_attrs.get(PARENT_ATTR), {"engine": cfg.engine.kind}))
+            studylib.set_study_attr(study, PARENT_ATTR, self.tracker.start_study(
+                cfg.study.name, studylib.study_attr(study, PARENT_ATTR), {"engine": cfg.engine.kind}))
             self.tracker.reconcile(study)
             space_text = "\n".join(
                 f"{p.name}: {p.kind} {p.values() if p.values() is not None else p.dist}"
@@ -171,9 +184,10 @@ class Driver:
         try:
             self.ensure_reference()
             self._loop(study, t0)
-        except KeyboardInterrupt:
-            interrupted = True
-            self.report.warn("interrupted: stopping trials in flight and exporting what is done")
+        except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.run.stop.Stopped)
+            interrupted, self.stopped = True, e
+            self.report.warn(f"interrupted ({stop.name(e)}): stopping trials in flight and "
+                             "exporting what is done")
             self._abort_pending(study)
         except Exception as e:  # the parent run never stays RUNNING (H5)
             if self.tracker:
@@ -245,12 +259,10 @@ class Driver:
         key = config_key(params)
         if key in self.measured or key in {p.key for p in self.pending.values()}:
             return self._duplicate(study, trial, params, key)
-        trial.set_user_attr("kind", studylib.LAUNCHED)
-        trial.set_user_attr("params", params)
         known = {"need_gb": list(pred.need_gb), "have_gb": list(pred.have_gb),
                  "decode_tps_upper": pred.decode_tps_upper}
-        if pred.need_gb or pred.decode_tps_upper is not None:
-            trial.set_user_attr("prediction", known)
+        studylib.mark_launched(trial, params,
+                               known if pred.need_gb or pred.decode_tps_upper is not None else None)
         ref = self.launcher.submit(trial.number, params)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
         self.pending[ref] = PendingTrial(trial, params, deadline, key)
@@ -284,6 +296,7 @@ class Driver:
 
     def _finish_one(self, study: optuna.Study, p: PendingTrial, result: TrialResult) -> Record:
         record = studylib.tell(study, p.trial, self.cfg, p.params, result)
+        storage.backup(self.cfg.storage_url)  # optuna.db.bak: a damaged file costs this trial at most
         self.measured[p.key] = record
         self.report.finished(record, result.duration_s)
         self._log(record, result, self.launcher.workdir(p.trial.number) / "trial.log")
@@ -326,7 +339,13 @@ class Driver:
         single_max = cfg.study.search == "single" and sel.rule == "max"
         candidates = [r for r in measured if r.feasible] if single_max else front
         baseline = self._baseline(recs)
-        verdict = Verdict() if interrupted else choose_winner(cfg, self.launcher, self.report, candidates, baseline)
+        verdict = Verdict()
+        try:
+            if not interrupted:
+                verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline)
+        except KeyboardInterrupt as e:  # a stop during the re-measurement: export the search's winner
+            interrupted, self.stopped = True, e
+            self.report.warn(f"interrupted ({stop.name(e)}) while re-measuring: exporting the search's winner")
         ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
         winner = verdict.winner or (ranked[0] if ranked else None)
         baseline = verdict.baseline_remeasured or baseline
@@ -336,7 +355,7 @@ class Driver:
             if b and w and math.isfinite(b) and math.isfinite(w):
                 speedup = w / b if get_metric(sel.metric).higher_is_better else b / w
                 source = "search"
-        trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+        attrs = {t.number: studylib.trial_attrs(t) for t in study.get_trials(deepcopy=False)}
         summary = StudySummary(
             study=cfg.study.name, engine=cfg.engine.kind, interrupted=interrupted, search=cfg.study.search,
             n_trials=len(measured), n_rejected=sum(r.kind == studylib.REJECTED for r in recs),
@@ -351,11 +370,12 @@ class Driver:
             remeasured=verdict.remeasured, lead_within_noise=verdict.lead_within_noise,
             runner_up=verdict.runner_up, speedup=speedup, speedup_source=source,
             speedup_within_noise=verdict.speedup_within_noise, note=verdict.note, stop_reason=self.stop_reason,
-            prediction=prediction_error([(trials[r.number].user_attrs["prediction"], r.metrics)
+            prediction=prediction_error([(attrs[r.number].prediction, r.metrics)
                                          for r in measured if r.status == "ok"
-                                         and "prediction" in trials[r.number].user_attrs]),
+                                         and attrs[r.number].prediction is not None]),
         )
         files = export.write_all(self.dir, cfg, self.space, front, winner, summary)
+        storage.backup(cfg.storage_url)
         if self.tracker:
             self.tracker.finish(summary, files, "KILLED" if interrupted else "FINISHED")
         self.report.summary(summary, files)
