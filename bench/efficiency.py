@@ -16,7 +16,8 @@ share of the launchable configurations, those neither breaking a rule nor predic
 within 95% of the optimum).
 
     python bench/efficiency.py                         # 4 surfaces x 5 methods x 10 seeds
-    python bench/efficiency.py --quick                 # a smoke run (1 surface, 2 methods)
+    python bench/efficiency.py --quick                 # 1 surface, 2 methods through the CLI
+    python bench/efficiency.py --smoke                 # seconds: in-process random on the truths
     python bench/efficiency.py --surfaces exl2_70b --methods default,random --seeds 5 --jobs 3
 """
 
@@ -52,6 +53,10 @@ METHODS = {  # name -> overrides on top of the preset (the preset leaves the def
     "tpe_pareto": ["study.sampler=tpe", "study.search=pareto"],
     "gp": ["study.sampler=gp"],  # Optuna's GPSampler after the design (the default before bo)
     "grid": ["study.sampler=grid"],
+    # prior mode "none" (issue 23): the preset without its predict block, as a user of a custom
+    # engine would run it; the bench surfaces' predict blocks carry simulator constants
+    "default_noprior": ["~engine.settings.predict"],
+    "random_noprior": ["study.sampler=random", "~engine.settings.predict"],
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -136,13 +141,44 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else math.nan
 
 
+def wilson(hits: int, n: int) -> tuple[float, float]:
+    """The Wilson 95% interval of a share of ``hits`` in ``n`` seeds (scipy)."""
+    from scipy.stats import binomtest
+
+    if n == 0:
+        return (math.nan, math.nan)
+    ci = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
+    return (float(ci.low), float(ci.high))
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    """Lower and upper quartile (inclusive method; inf where a seed never got there)."""
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (math.nan, math.nan)
+    v = sorted(values)
+
+    def q(f: float) -> float:
+        x = f * (len(v) - 1)
+        lo, hi, f = v[math.floor(x)], v[math.ceil(x)], x - math.floor(x)
+        return lo if f == 0 or lo == hi else math.inf if math.isinf(hi) else lo + (hi - lo) * f
+    return (q(0.25), q(0.75))
+
+
+def _n(x: float) -> str:
+    return ">budget" if math.isinf(x) else f"{x:g}"
+
+
 def aggregate(runs: list[Run], truth: Truth) -> dict:
     ok = [r for r in runs if r.curve]
     row = {"surface": truth.name, "method": runs[0].method, "seeds": len(runs), "failed": len(runs) - len(ok)}
     for n in CHECKPOINTS:
         row[f"at{n}"] = _median([r.at(n) for r in ok])
-    row["reach95_by20"] = sum(r.trials_to(0.95) <= 20 for r in ok) / max(len(ok), 1)
-    row["median_trials95"] = _median([r.trials_to(0.95) for r in ok])
+    hits = sum(r.trials_to(0.95) <= 20 for r in ok)
+    row["reach95_by20"] = hits / max(len(ok), 1)
+    row["reach95_ci"] = wilson(hits, len(ok))
+    to95 = sorted(r.trials_to(0.95) for r in ok)
+    row["median_trials95"] = _median(to95)
+    row["trials95_iqr"] = _quartiles(to95)
     judged = [r.winner_ok for r in ok if r.winner_ok is not None]
     row["winner_ok"] = sum(judged) / len(judged) if judged else math.nan
     row["launched"] = _median([len(r.curve) for r in ok])
@@ -155,21 +191,23 @@ def table(rows: list[dict], truths: dict[str, Truth]) -> str:
     from rich.table import Table
 
     t = Table(title="search efficiency: true value of the best measured-feasible config / true optimum")
-    for col in ("surface", "method", "seeds", "@10", "@20", "@30", "95% by 20", "trials to 95%", "winner ok",
-                "launched", "s/study"):
+    for col in ("surface", "method", "seeds", "@10", "@20", "@30", "95% by 20 [Wilson 95%]",
+                "trials to 95% \\[quartiles]", "winner ok", "launched", "s/study"):
         t.add_column(col, justify="left" if col in ("surface", "method") else "right")
     for row in rows:
-        tr = row["median_trials95"]
+        lo, hi = row.get("reach95_ci", (math.nan, math.nan))
+        q1, q3 = row.get("trials95_iqr", (math.nan, math.nan))
         t.add_row(row["surface"], row["method"], str(row["seeds"]),
                   *(f"{row[f'at{n}']:.3f}" for n in CHECKPOINTS),
-                  f"{row['reach95_by20']:.0%}", ">budget" if math.isinf(tr) else f"{tr:g}",
+                  f"{row['reach95_by20']:.0%} [{lo:.0%}, {hi:.0%}]",
+                  f"{_n(row['median_trials95'])} [{_n(q1)}, {_n(q3)}]",
                   "-" if math.isnan(row["winner_ok"]) else f"{row['winner_ok']:.0%}",
                   f"{row['launched']:g}", f"{row['wall_s']:.0f}" if row["wall_s"] else "-")
     for name, tr in truths.items():
         p = tr.n_launchable95 / tr.n_launchable  # refused proposals are re-asked, not counted
         t.add_row(name, "random*", "", "", "", "", f"{1 - (1 - p) ** 20:.0%}", f"{math.log(2) / p:.0f}", "",
                   "", "")
-    console = Console(width=140, record=True)
+    console = Console(width=170, record=True)
     console.print(t)
     for name, tr in truths.items():
         console.print(f"{name}: {tr.n_configs} configs, {tr.n_launchable} launchable (no rule broken, "
@@ -209,6 +247,32 @@ def merge(files: list[Path], results: Path, cmd: str) -> int:
     return 0
 
 
+def smoke(truths: dict[str, Truth], seeds: int, trials: int) -> list[Run]:
+    """In-process uniform random search on each surface's truth (no CLI, no engine): each seed
+    draws launchable configurations in a seeded order, scored like a study. Checks the
+    surfaces, the truth and the scoring in seconds; not a measurement of any sampler."""
+    import random
+
+    from truth import enumerate_space
+
+    from autotune.engines.command import CommandEngine
+    from autotune.search.rules import violations
+
+    runs = []
+    for name, truth in truths.items():
+        settings = truth.preset["engine"]["settings"]
+        launchable = [p for p in enumerate_space(truth.preset["space"]) if not violations(truth.rules, p)
+                      and CommandEngine.predict(p, settings, {}).fits is not False]
+        for seed in range(seeds):
+            order = random.Random(seed).sample(launchable, min(trials, len(launchable)))
+            best, curve = 0.0, []
+            for p in order:
+                best = max(best, truth.value(p))
+                curve.append(min(best / truth.optimum, 1.0))
+            runs.append(Run(name, "random", seed, 0, 0.0, tuple(curve), None))
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--surfaces", default=",".join(SURFACES))
@@ -224,8 +288,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: table from earlier results files")
     ap.add_argument("--rescore", action="store_true",
                     help="no runs: score the finished studies already under --out")
+    ap.add_argument("--smoke", action="store_true",
+                    help="seconds, in-process, no CLI: random order on every surface's truth, scored "
+                         "and tabled; writes nothing unless --results is given")
     args = ap.parse_args(argv)
     cmd = "python bench/efficiency.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.smoke:
+        names = [s for s in args.surfaces.split(",") if s]
+        truths = {s: load(s) for s in names}
+        runs = smoke(truths, min(args.seeds, 5), args.trials)
+        rows = [aggregate([r for r in runs if r.surface == s], truths[s]) for s in names]
+        text = table(rows, truths)
+        if "--results" in (argv if argv is not None else sys.argv[1:]):
+            write_results(Path(args.results), text, rows, runs, 0.0, cmd)
+        return 0
     if args.merge:
         return merge([Path(p) for p in args.merge], Path(args.results), cmd)
     if args.quick:

@@ -76,3 +76,22 @@ def test_quick_bench_through_the_real_cli(tmp_path):
     assert "trials to 95%" in res.with_suffix(".txt").read_text()
     studies = tmp_path / "studies" / "cpu_7b" / "default" / "s0"
     assert (studies / "summary.json").exists() and (studies / "trials" / "0000" / "command.stdout").exists()
+
+
+@pytest.mark.parametrize("bench", ["efficiency.py", "sampler_cost.py"])
+def test_bench_smoke_mode_runs_in_seconds_and_exits_0(bench):
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--smoke"], capture_output=True,
+                         text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert ("random" in out.stdout) if bench == "efficiency.py" else ("s/ask" in out.stdout)
+
+
+def test_efficiency_reports_a_wilson_interval_and_quartiles():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    assert efficiency.wilson(10, 10)[0] == pytest.approx(0.722, abs=1e-3)  # 10 of 10: [72%, 100%]
+    lo, hi = efficiency.wilson(3, 10)
+    assert lo < 0.3 < hi
+    assert efficiency._quartiles([9.0, 10.0, 12.0, 14.0, 15.0]) == (10.0, 14.0)
+    assert efficiency._quartiles([3.0, float("inf")])[1] == float("inf")

@@ -40,7 +40,9 @@ import optuna
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 from scipy.stats import norm
+from threadpoolctl import threadpool_limits
 
+from autotune.record.study import trial_attrs
 from autotune.search.design import config_key
 from autotune.search.design import to_unit
 from autotune.search.space import decode
@@ -54,6 +56,15 @@ if TYPE_CHECKING:
     from autotune.search.space import Space
 
 POOL_LIMIT = 100_000  # a larger space (or a continuous one) is represented by 4,000 random configurations
+# The sampler's own cost stays flat as a study grows (bench/sampler_cost.py): a GP is fitted on
+# at most MAX_TRAIN measured trials (the best, the best feasible, the rest spread at random);
+# at most MAX_CANDIDATES free configurations are scored per ask (the highest-predicted ones,
+# the neighbours of the best measured, the rest at random); past WARM_FROM trials a GP's
+# hyperparameters are re-optimised only every REFIT_EVERY asks, from the last ones.
+MAX_TRAIN = 200
+MAX_CANDIDATES = 25_000
+WARM_FROM = 40
+REFIT_EVERY = 5
 
 
 @dataclass
@@ -116,19 +127,25 @@ def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, floa
 class _GP:
     """A fitted GP (and its kernel, to add trials in flight without refitting)."""
 
-    def __init__(self, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> None:
+    def __init__(self, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray,
+                 kernel: Any = None, optimize: bool = True) -> None:
+        """``kernel``: start from these hyperparameters (a warm start, no restarts), or keep
+        them as they are when not ``optimize``."""
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel
         from sklearn.gaussian_process.kernels import Matern
         from sklearn.gaussian_process.kernels import WhiteKernel
 
-        kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
-            length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(0.05, 20.0), nu=2.5
-        ) + WhiteKernel(1e-2, (1e-5, 0.5))
+        cold = kernel is None
+        if cold:
+            kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
+                length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(0.05, 20.0), nu=2.5
+            ) + WhiteKernel(1e-2, (1e-5, 0.5))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a length scale at its bound is fine here
-            self.fitted = GaussianProcessRegressor(kernel, normalize_y=True, n_restarts_optimizer=2,
-                                                   random_state=seed).fit(X, y)
+            self.fitted = GaussianProcessRegressor(
+                kernel, normalize_y=True, n_restarts_optimizer=2 if cold else 0, random_state=seed,
+                optimizer="fmin_l_bfgs_b" if cold or optimize else None).fit(X, y)
             self.believer = self.fitted
             if len(pending):  # kriging believer: in-flight trials at their posterior mean
                 self.believer = GaussianProcessRegressor(self.fitted.kernel_, normalize_y=True, optimizer=None)
@@ -149,10 +166,17 @@ class PoolSampler(optuna.samplers.BaseSampler):
     """
 
     def __init__(self, space: Space, pool_fn: Callable[[], Pool], constraints: list[Constraint],
-                 seed: int | None = None, n_startup: int = 2) -> None:
+                 seed: int | None = None, n_startup: int = 2, max_train: int = MAX_TRAIN,
+                 max_candidates: int = MAX_CANDIDATES) -> None:
         self.space = space
         self.constraints = constraints
         self.n_startup = n_startup
+        self.max_train = max_train
+        self.max_candidates = max_candidates
+        self.last_sizes: dict[str, int] = {}  # the last ask's training and candidate set sizes
+        self._kernels: dict[str, Any] = {}  # each GP's last fitted hyperparameters
+        self._asks = 0
+        self._index: dict[str, int] | None = None
         self._pool_fn = pool_fn
         self._pool: Pool | None = None
         self._rng = np.random.default_rng(seed)
@@ -174,7 +198,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
     def sample_relative(self, study, trial, search_space):
         if not search_space or trial.system_attrs.get("fixed_params"):
             return {}  # an enqueued trial (baseline, design, re-run) brings its own values
-        choice = self.choose(study)
+        with threadpool_limits(1):  # small matrices: threaded BLAS only spins on a busy machine
+            choice = self.choose(study)
         return {} if choice is None else {k: encode(v) for k, v in choice.items() if k in search_space}
 
     def sample_independent(self, study, trial, param_name, param_distribution):
@@ -200,18 +225,19 @@ class PoolSampler(optuna.samplers.BaseSampler):
         free = self._free(keys)
         if not len(free):
             return None
-        index = {k: i for i, k in enumerate(pool.keys)}
-        row = {n: index[k] for n, k in keys.items() if k in index}  # trial number -> pool row
+        if self._index is None:
+            self._index = {k: i for i, k in enumerate(pool.keys)}
+        row = {n: self._index[k] for n, k in keys.items() if k in self._index}  # trial -> pool row
         # a launch that failed before any succeeded is told FAIL (nothing to call worst yet)
         launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
-                    and t.user_attrs.get("kind") == "launched" and t.number in row]
-        ok = [t for t in launched if t.user_attrs.get("status") == "ok" and t.values]
+                    and trial_attrs(t).kind == "launched" and t.number in row]
+        ok = [t for t in launched if trial_attrs(t).status == "ok" and t.values]
         if len(launched) < self.n_startup or len(ok) < 2:
             return pool.params[int(self._rng.choice(free))]
+        self._asks += 1
         pending = pool.X[[row[t.number] for t in trials if t.state == TrialState.RUNNING and t.number in row]]
         rows_ok = np.array([row[t.number] for t in ok])
         seed = int(self._rng.integers(2**31))
-        Xf = pool.X[free]
 
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         values = np.array([t.values[0] for t in ok], dtype=float)
@@ -221,40 +247,89 @@ class PoolSampler(optuna.samplers.BaseSampler):
         if pool.log_bound is not None and logged and maximize:
             trust = np.linalg.lstsq(np.vstack([pool.log_bound[rows_ok], np.ones(len(ok))]).T, y, rcond=None)[0][0]
             prior = float(np.clip(trust, 0.0, 1.0)) * pool.log_bound
-        gp = _GP(pool.X[rows_ok], y - prior[rows_ok], seed, pending)
-        mu, sd = gp.predict(Xf)
-        mu = mu + prior[free]
-        log_pf = self._log_p_feasible(ok, launched, row, pending, Xf, seed)
-
         feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
+        sel = train_rows(y, feasible, self.max_train, self._rng)
+        failed = np.array([trial_attrs(t).status != "ok" for t in launched])
+        sel_launched = train_rows(failed.astype(float), failed, self.max_train, self._rng)
+        best_rows = rows_ok[np.argsort(-np.where(feasible, y, y - 1e9))[:4]]
+        cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
+        self.last_sizes = {"train": len(sel), "candidates": len(cand)}
+        Xc = pool.X[cand]
+
+        rows_s = rows_ok[sel]
+        gp = self._gp("objective", pool.X[rows_s], y[sel] - prior[rows_s], seed, pending)
+        mu, sd = gp.predict(Xc)
+        mu = mu + prior[cand]
+        log_pf = self._log_p_feasible([ok[i] for i in sel], [launched[i] for i in sel_launched],
+                                      row, pending, Xc, seed)
         if not feasible.any():  # nothing feasible yet: the likeliest feasible, faster first
-            return pool.params[int(free[np.argmax(log_pf + 1e-3 * mu)])]
-        best = float(np.max((gp.fitted.predict(pool.X[rows_ok]) + prior[rows_ok])[feasible]))
+            return pool.params[int(cand[np.argmax(log_pf + 1e-3 * mu)])]
+        best = float(np.max((gp.fitted.predict(pool.X[rows_s]) + prior[rows_s])[feasible[sel]]))
         z = (mu - best) / sd
         log_ei = np.log(np.maximum(sd * (z * norm.cdf(z) + norm.pdf(z)), 1e-300))
-        return pool.params[int(free[np.argmax(log_ei + log_pf)])]
+        return pool.params[int(cand[np.argmax(log_ei + log_pf)])]
+
+    def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> _GP:
+        """A GP for ``name``: past WARM_FROM trials warm-started from its last hyperparameters,
+        re-optimised every REFIT_EVERY asks and kept as they are in between."""
+        kernel = self._kernels.get(name) if len(y) > WARM_FROM else None
+        gp = _GP(X, y, seed, pending, kernel, optimize=self._asks % REFIT_EVERY == 0)
+        self._kernels[name] = gp.fitted.kernel_
+        return gp
 
     def _log_p_feasible(self, ok: list[FrozenTrial], launched: list[FrozenTrial], row: dict[int, int],
                         pending: np.ndarray, Xf: np.ndarray, seed: int) -> np.ndarray:
-        """log P(every constraint holds and the run succeeds) per free configuration."""
+        """log P(every constraint holds and the run succeeds) per candidate configuration."""
         out = np.zeros(len(Xf))
         for c in self.constraints:
-            seen = [(row[t.number], t.user_attrs["metrics"][c.metric])
-                    for t in ok if c.metric in t.user_attrs.get("metrics", {})]
+            seen = [(row[t.number], trial_attrs(t).metrics[c.metric])
+                    for t in ok if c.metric in trial_attrs(t).metrics]
             z = np.array([c.violation(v) / max(abs(c.bound), 1e-9) for _, v in seen])
             if len(seen) < 2 or np.all(z < -0.5):
                 continue  # too few values, or far inside its bound everywhere measured
-            mu, sd = _GP(self.pool.X[[r for r, _ in seen]], z, seed, pending).predict(Xf)
+            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending).predict(Xf)
             out += norm.logcdf(-mu / sd)
-        if any(t.user_attrs.get("status") != "ok" for t in launched):
-            ran = np.array([1.0 if t.user_attrs.get("status") == "ok" else -1.0 for t in launched])
+        if any(trial_attrs(t).status != "ok" for t in launched):
+            ran = np.array([1.0 if trial_attrs(t).status == "ok" else -1.0 for t in launched])
             X = self.pool.X[[row[t.number] for t in launched]]
-            mu, sd = _GP(X, ran, seed, pending).predict(Xf)
+            mu, sd = self._gp("runs", X, ran, seed, pending).predict(Xf)
             out += norm.logcdf(mu / sd)
         return out
 
 
+def train_rows(score: np.ndarray, feasible: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of at most ``cap`` measured trials a GP is fitted on: all of them when there are
+    few, else the best quarter by ``score`` among the ``feasible``, the best quarter overall and
+    the rest drawn at random (what is far from the best still shapes the model)."""
+    n = len(score)
+    if n <= cap:
+        return np.arange(n)
+    order = np.argsort(-score, kind="stable")
+    keep = list(dict.fromkeys(int(i) for i in [*order[feasible[order]][: cap // 4], *order[: cap // 4]]))
+    rest = np.setdiff1d(np.arange(n), keep)
+    return np.sort(np.concatenate([keep, rng.choice(rest, cap - len(keep), replace=False)]).astype(int))
+
+
+def candidate_rows(X: np.ndarray, free: np.ndarray, log_bound: np.ndarray | None, best: np.ndarray,
+                   cap: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions in ``free`` of at most ``cap`` configurations to score: all of them when there
+    are few, else the highest-predicted eighth, an eighth nearest the ``best`` measured pool
+    rows (L1 in features) and the rest drawn at random."""
+    if len(free) <= cap:
+        return np.arange(len(free))
+    keep: list[int] = []
+    if log_bound is not None:
+        keep += np.argpartition(-log_bound[free], cap // 8)[: cap // 8].tolist()
+    per = cap // 8 // max(len(best), 1)
+    Xf = X[free]
+    for b in best:
+        keep += np.argpartition(np.abs(Xf - X[b]).sum(axis=1), per)[:per].tolist()
+    keep = list(dict.fromkeys(keep))
+    rest = np.setdiff1d(np.arange(len(free)), keep)
+    return np.concatenate([keep, rng.choice(rest, cap - len(keep), replace=False)]).astype(int)
+
+
 def _keys(trials: list[FrozenTrial]) -> dict[int, str]:
     """Each trial's configuration key: from what the driver stored, else Optuna's params."""
-    return {t.number: config_key(t.user_attrs.get("params") or {k: decode(v) for k, v in t.params.items()})
+    return {t.number: config_key(trial_attrs(t).params or {k: decode(v) for k, v in t.params.items()})
             for t in trials}

@@ -17,7 +17,9 @@ from autotune.config.schema import load_config
 from autotune.record import study as studylib
 from autotune.search.bo import PoolSampler
 from autotune.search.bo import build_pool
+from autotune.search.bo import candidate_rows
 from autotune.search.bo import featurize
+from autotune.search.bo import train_rows
 from autotune.search.design import config_key
 from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
@@ -163,3 +165,38 @@ def test_the_speed_prediction_is_the_prior_for_unmeasured_configurations():
     free = [p for p in sampler.pool.params if p not in low]  # TTFT far inside its bound so far
     assert math.isclose(bound[config_key(nxt)], max(bound[config_key(p)] for p in free)), nxt
     assert np.isfinite(sampler.pool.log_bound).all()
+
+
+def test_training_and_candidate_sets_stay_bounded_as_the_study_grows():
+    """With caps far below the study's size, every ask fits on at most ``max_train`` trials
+    and scores at most ``max_candidates`` configurations, and still never repeats one."""
+    cfg = _config()
+    space = compile_space(cfg)
+    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), 0), cfg.constraints,
+                          0, n_startup=3, max_train=8, max_candidates=12)
+    study = _study(cfg, sampler)
+    sizes = []
+    for _ in range(30):
+        _step(study, cfg, space)
+        sizes.append(dict(sampler.last_sizes))
+    assert max(s.get("train", 0) for s in sizes) == 8
+    assert max(s.get("candidates", 0) for s in sizes) == 12
+    assert len({config_key(t.user_attrs["params"]) for t in study.trials}) == 30
+
+
+def test_the_subsets_keep_the_best_and_respect_their_caps():
+    rng = np.random.default_rng(0)
+    score = rng.normal(size=5000)
+    feasible = rng.random(5000) < 0.1
+    rows = train_rows(score, feasible, 200, rng)
+    assert len(rows) == len(set(rows.tolist())) == 200
+    assert int(np.argmax(score)) in rows and int(np.argmax(np.where(feasible, score, -np.inf))) in rows
+    assert len(train_rows(score[:50], feasible[:50], 200, rng)) == 50
+    X = rng.random((100_000, 6))
+    free = np.arange(0, 100_000, 2)
+    bound = X[:, 0]
+    pos = candidate_rows(X, free, bound, np.array([1, 3]), 4000, rng)
+    assert len(pos) == len(set(pos.tolist())) == 4000
+    assert int(np.argmax(bound[free])) in pos  # the highest-predicted free configuration
+    near = int(np.argmin(np.abs(X[free] - X[1]).sum(axis=1)))
+    assert near in pos  # the nearest free neighbour of a best measured row
