@@ -26,7 +26,6 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from autotune._files import write_atomic
 from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
@@ -168,15 +167,10 @@ class ExLlamaV2Engine(Engine):
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
+        from autotune.engines.tabbyapi.check import write_tabby_files
+
         p = cls.full_params(params, settings, variants)
-        path = out_dir / "tabbyapi.yml"
-        write_atomic(path, tabby_yaml(p, settings, variants))
-        files = [path]
-        warnings = tabby_warnings(p, settings)
-        if warnings:
-            files.append(out_dir / "tabbyapi_warnings.txt")
-            write_atomic(files[-1], "\n".join(warnings) + "\n")
-        return files
+        return write_tabby_files(out_dir, tabby_yaml(p, settings, variants), tabby_warnings(p, settings))
 
     @classmethod
     def check_export(cls, files: list[Path]) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from autotune._files import insert_comments
+from autotune._files import write_atomic
 from autotune.engines.tabbyapi import schema_exl2
 from autotune.engines.tabbyapi import schema_main
 
@@ -43,3 +44,14 @@ def check_tabby_yaml(path: Path) -> list[str]:
 def check_tabby_files(files: list[Path]) -> list[str]:
     """Notes on every ``tabbyapi.yml`` among ``files``."""
     return [note for f in files if f.name == "tabbyapi.yml" for note in check_tabby_yaml(f)]
+
+
+def write_tabby_files(out_dir: Path, text: str, warnings: list[str]) -> list[Path]:
+    """``tabbyapi.yml`` (``text``) and, when TabbyAPI cannot run what was measured,
+    ``tabbyapi_warnings.txt``: the export of every engine that writes one."""
+    files = [out_dir / "tabbyapi.yml"]
+    write_atomic(files[0], text)
+    if warnings:
+        files.append(out_dir / "tabbyapi_warnings.txt")
+        write_atomic(files[-1], "\n".join(warnings) + "\n")
+    return files

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from autotune._files import tail as log_tail
-from autotune._files import write_atomic
 from autotune.engines.base import Engine
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
@@ -154,14 +153,10 @@ class TabbyAPIEngine(OpenAIServerEngine):
         from autotune.engines.exllamav3.plan import tabby_yaml
 
         doc, warnings = tabby_document(params, settings, variants)
+        from autotune.engines.tabbyapi.check import write_tabby_files
+
         branch = BACKENDS[settings.get("backend", "exllamav3")]
-        path = out_dir / "tabbyapi.yml"
-        write_atomic(path, tabby_yaml(doc, warnings, branch))
-        files = [path]
-        if warnings:
-            files.append(out_dir / "tabbyapi_warnings.txt")
-            write_atomic(files[-1], "\n".join(warnings) + "\n")
-        return files
+        return write_tabby_files(out_dir, tabby_yaml(doc, warnings, branch), warnings)
 
     @classmethod
     def check_export(cls, files: list[Path]) -> list[str]:
