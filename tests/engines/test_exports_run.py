@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import socket
 import subprocess
 import time
@@ -24,6 +23,7 @@ import yaml
 
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
+from autotune.engines.llama_server.build import find_binary
 from autotune.engines.llamacpp.server_flags import argv_reasons
 from autotune.engines.llamacpp.server_flags import load
 from autotune.output.export import write_native
@@ -140,10 +140,15 @@ def test_flag_table_is_that_of_the_installed_llama_cpp_python() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("llama-server") is None, reason="no llama-server binary on PATH")
+@pytest.mark.skipif(find_binary() is None, reason="no llama-server binary on PATH or built "
+                    "(python -m autotune.engines.llama_server.build)")
 def test_llama_server_sh_starts_and_answers(tmp_path: Path) -> None:
+    """The llama.cpp engine's export runs on the llama-server of the same llama.cpp version
+    (on PATH, or the one autotune builds from llama-cpp-python's vendored source)."""
     files, _ = _native(tmp_path, ["conf=local_cpu"], WINNERISH)
     argv = _server_argv(files["llama-server.sh"])
+    assert Path(argv[0]).name == "llama-server"
+    argv[0] = str(find_binary())
     port = _free_port()
     argv[argv.index("--port") + 1] = str(port)
     proc = subprocess.Popen(argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
