@@ -134,10 +134,13 @@ def ray_trial_workers(driver: int) -> list[int]:
 
 # ---- the run -----------------------------------------------------------------------------
 def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen: set,
-               log, stop: int = signal.SIGKILL, rival: bool = False) -> tuple[int | None, bool, Any]:
-    """One ``autotune run``; send it ``stop`` after ``kill_after`` s; with ``rival``, start a
-    second driver of the study once the first trial runs. (exit code or None when SIGKILLed,
-    worker killed, the rival's (exit code, first stderr line, holder pid) or None)."""
+               log, stop: int = signal.SIGKILL, rival: bool = False,
+               kill_starts: int | None = None) -> tuple[int | None, bool, Any]:
+    """One ``autotune run``; send it ``stop`` after ``kill_after`` s, or sooner once
+    ``kill_starts`` trials have started (on a fast box the study could end before the clock);
+    with ``rival``, start a second driver of the study once the first trial runs. (exit code or
+    None when SIGKILLed, worker killed, the rival's (exit code, first stderr line, holder pid) or
+    None)."""
     # TMPDIR: the GPU lease files (autotune.run.cluster.LEASE_DIR) of this soak's trials live in
     # the work dir, so leases held by other studies on the machine are not counted.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
@@ -161,13 +164,16 @@ def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen
                 continue
             first = time.monotonic()
         elapsed = time.monotonic() - first
-        if kill_ray_worker and not worker_killed and elapsed > (kill_after or 20) / 2:
+        new_starts = _n_starts(work) - starts
+        halfway = elapsed > (kill_after or 20) / 2 or (kill_starts is not None and 2 * new_starts >= kill_starts)
+        if kill_ray_worker and not worker_killed and halfway:
             workers = ray_trial_workers(proc.pid)
             if workers:
                 os.kill(random.choice(workers), signal.SIGKILL)
                 worker_killed = True
                 print(f"  killed Ray worker at {elapsed:.1f} s", flush=True)
-        if kill_after is not None and elapsed > kill_after:
+        due = kill_starts is not None and new_starts >= kill_starts
+        if kill_after is not None and (elapsed > kill_after or due):
             seen |= descendants(proc.pid)
             if stop == signal.SIGTERM:  # a clean stop: trials interrupted, exports written
                 proc.send_signal(signal.SIGTERM)
@@ -198,6 +204,13 @@ def lock_holder(work: Path) -> int | None:
 def _n_starts(work: Path) -> int:
     path = work / "records" / "records.jsonl"
     return path.read_bytes().count(b'"event": "start"') if path.exists() else 0
+
+
+def _n_started_trials(work: Path) -> int:
+    """How many distinct trials have started (re-runs of an interrupted one count once)."""
+    from autotune.engines.fake import read_records
+
+    return len({r["trial"] for r in read_records(work / "records") if r.get("event") == "start"})
 
 
 def leases_held(work: Path) -> list[str]:
@@ -324,8 +337,12 @@ def main(argv: list[str] | None = None) -> int:
             kill_after = rng.uniform(*args.kill_window) if stop else None
             print(f"run {run + 1}: " + (f"{stop.name} after {kill_after:.1f} s" if stop else "to the end"),
                   flush=True)
+            # the stop also comes once a third of the trials left have started, so it lands
+            # mid-study however fast the box is
+            kill_starts = max(1, (args.trials - _n_started_trials(work)) // 3) if stop else None
             code, wk, answer = run_driver(work, kill_after, not worker_killed, seen, log,
-                                          stop or signal.SIGKILL, rival=stop is None and args.rivals > 0)
+                                          stop or signal.SIGKILL, rival=stop is None and args.rivals > 0,
+                                          kill_starts=kill_starts)
             worker_killed |= wk
             rival = answer or rival
             if code is None:
@@ -362,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
           and res["mlflow_extra"] == 0 and not any(res["processes_left"].values())
           and res["leases_held"] == 0 and res["final_exit"] == 0
           and (args.sigterms == 0 or bool(term_codes)) and all(c == 143 for c in term_codes)
-          and dumps == 0 and rival_ok)
+          and dumps == 0 and rival_ok and kills == args.kills)
     res["ok"] = ok
     rows = [
         ("trials requested / measured / lost", f"{res['requested']} / {res['measured']} / {res['lost']}"),
