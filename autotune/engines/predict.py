@@ -205,6 +205,39 @@ def decode_bound(bytes_per_device: list[tuple[float, float | None]]) -> float | 
     return 1.0 / seconds if seconds > 0 else None
 
 
+def fill_manual(split: list[float], total: float) -> list[float]:
+    """Share of ``total`` GB on each GPU of a manual split: GPU 0 up to its GB, then the next."""
+    left, share = 1.0, []
+    for s in split:
+        take = min(left, s / total)
+        share.append(take)
+        left -= take
+    return share
+
+
+def fill_auto(model: float, free: list[float]) -> list[float]:
+    """Share of ``model`` GB on each GPU when auto-split fills each in order up to ``free`` GB;
+    what does not fit lands on the last (the prediction then says OOM there)."""
+    left, share = model, []
+    for f in free:
+        take = max(0.0, min(left, f))
+        share.append(take / model)
+        left -= take
+    share[-1] += left / model
+    return share
+
+
+def split_decode_bound(weights_gb: float, share: list[float], bws: list[float | None],
+                       tensor_parallel: bool) -> float | None:
+    """Tokens/s bound of weights split by ``share``: GPUs read their parts in parallel under
+    tensor parallelism (the slowest part bounds), one after the other otherwise."""
+    parts = [(weights_gb * GIB * s, bw) for s, bw in zip(share, bws)]
+    if not tensor_parallel:
+        return decode_bound(parts)
+    t = max((n / (bw * 1e9) if bw else float("inf")) for n, bw in parts)
+    return 1.0 / t if 0 < t < float("inf") else None
+
+
 # ---- kind: command ------------------------------------------------------------------------
 def validate_command_predict(spec: Any, known: list[str], path: str) -> None:
     """Check ``engine.settings.predict`` at load: its keys and every expression's names."""

@@ -55,10 +55,9 @@ from autotune.engines.exllamav2.plan import tabby_config  # noqa: F401
 from autotune.engines.exllamav2.plan import tabby_load_forward
 from autotune.engines.exllamav2.plan import tabby_warnings  # noqa: F401
 from autotune.engines.exllamav2.plan import tabby_yaml  # noqa: F401
+from autotune.engines.exllamav2.plan import validate_gpu_settings
 from autotune.engines.exllamav2.pump import JobPump
 from autotune.engines.exllamav2.pump import PumpFailed
-from autotune.engines.variants import validate_variants
-from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.hardware import VramSampler
 from autotune.hardware import pci_bus_order_env
@@ -121,11 +120,7 @@ class ExLlamaV2Engine(Engine):
 
     @classmethod
     def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        if not variants:
-            validate_variants(variants, f"{path}.variants")  # ExLlamaV2 needs a model
-        for i, g in enumerate(gpus_of(settings)):
-            if not isinstance(g, dict) or not isinstance(g.get("memory_gb"), (int, float)):
-                raise ConfigError(f"{path}.settings.gpus[{i}]", g, "expected {name: ..., memory_gb: NUMBER}")
+        validate_gpu_settings(settings, variants, path)
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:

@@ -62,6 +62,18 @@ def gpus_of(settings: dict) -> list[dict]:
     return list(settings.get("gpus") or [])
 
 
+def validate_gpu_settings(settings: dict, variants: dict, path: str) -> None:
+    """An ExLlama engine needs a model variant and GPUs spelled ``{name, memory_gb: NUMBER}``."""
+    from autotune.engines.variants import validate_variants
+    from autotune.errors import ConfigError
+
+    if not variants:
+        validate_variants(variants, f"{path}.variants")
+    for i, g in enumerate(gpus_of(settings)):
+        if not isinstance(g, dict) or not isinstance(g.get("memory_gb"), (int, float)):
+            raise ConfigError(f"{path}.settings.gpus[{i}]", g, "expected {name: ..., memory_gb: NUMBER}")
+
+
 def split_reasons(split: list[float], gpus: list[dict], reserve_gb: float = CUDA_CONTEXT_GIB) -> list[str]:
     """Why a manual split (GiB per GPU, in CUDA order) cannot fit the planned GPUs ([] if it fits).
 

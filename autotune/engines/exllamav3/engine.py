@@ -29,6 +29,7 @@ from autotune.engines.base import Resources
 from autotune.engines.exllamav2.engine import generation_from_results
 from autotune.engines.exllamav2.plan import gpus_of
 from autotune.engines.exllamav2.plan import job_args
+from autotune.engines.exllamav2.plan import validate_gpu_settings
 from autotune.engines.exllamav2.pump import JobPump
 from autotune.engines.exllamav2.pump import PumpFailed
 from autotune.engines.exllamav3.plan import DRAFT_CACHE_MODES
@@ -42,8 +43,6 @@ from autotune.engines.exllamav3.plan import split_mode
 from autotune.engines.exllamav3.plan import tabby_config
 from autotune.engines.exllamav3.plan import tabby_warnings
 from autotune.engines.exllamav3.plan import tabby_yaml
-from autotune.engines.variants import validate_variants
-from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.hardware import VramSampler
 from autotune.hardware import pci_bus_order_env
@@ -111,11 +110,7 @@ class ExLlamaV3Engine(Engine):
 
     @classmethod
     def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        if not variants:
-            validate_variants(variants, f"{path}.variants")  # ExLlamaV3 needs a model
-        for i, g in enumerate(gpus_of(settings)):
-            if not isinstance(g, dict) or not isinstance(g.get("memory_gb"), (int, float)):
-                raise ConfigError(f"{path}.settings.gpus[{i}]", g, "expected {name: ..., memory_gb: NUMBER}")
+        validate_gpu_settings(settings, variants, path)
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:

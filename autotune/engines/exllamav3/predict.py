@@ -22,10 +22,12 @@ from autotune.engines.predict import GIB
 from autotune.engines.predict import GPU_OVERHEAD_GB
 from autotune.engines.predict import Prediction
 from autotune.engines.predict import as_dict
-from autotune.engines.predict import decode_bound
+from autotune.engines.predict import fill_auto
+from autotune.engines.predict import fill_manual
 from autotune.engines.predict import gpu_table
 from autotune.engines.predict import hf_shape
 from autotune.engines.predict import kv_gb
+from autotune.engines.predict import split_decode_bound
 from autotune.engines.predict import verdict
 
 HEAD_BITS = 6  # exllamav3 convert.py --head_bits default
@@ -108,25 +110,12 @@ def predict_exllamav3(p: dict, settings: dict, variants: dict) -> Prediction:
             return Prediction(False, f"predicted OOM: {model:.1f} GB of weights and cache do not fit "
                               f"gpu_split {plan['load']['use_per_device']} ({sum(split):g} GB)",
                               (model,), (sum(split),))
-        left, share = 1.0, []
-        for s in split:
-            take = min(left, s / model)
-            share.append(take)
-            left -= take
-    else:  # auto: fill each GPU in order up to what is free
-        left, share = model, []
-        for i, m in enumerate(mem):
-            take = max(0.0, min(left, m - need[i]))
-            share.append(take / model)
-            left -= take
-        share[-1] += left / model
+        share = fill_manual(split, model)
+    else:
+        share = fill_auto(model, [m - n for m, n in zip(mem, need)])
     need = [n + model * s for n, s in zip(need, share)]
     bws = [g.get("bandwidth_gbps") for g in gpus]
-    if mode == "tp":
-        t = max((weights * GIB * s / (bw * 1e9) if bw else float("inf")) for s, bw in zip(share, bws))
-        target = 1.0 / t if 0 < t < float("inf") else None
-    else:
-        target = decode_bound([(weights * GIB * s, bw) for s, bw in zip(share, bws)])
+    target = split_decode_bound(weights, share, bws, mode == "tp")
     upper = target
     if target and k and plan["draft"]:
         draft_t = draft_w * GIB / ((bws[0] or 1) * 1e9)
