@@ -331,12 +331,25 @@ def predict_fake(params: dict, settings: dict, variants: dict | None = None) -> 
     return verdict([want] * len(have), have)
 
 
+def _text_config(cfg_path: Path) -> dict | None:
+    """The language model's part of a HF ``config.json`` (multimodal ones nest it under
+    ``text_config``), or None when the file is missing, unreadable or lacks the shape."""
+    try:
+        c = json.loads(cfg_path.read_text())
+    except (OSError, ValueError):
+        return None
+    for part in (c, c.get("text_config") if isinstance(c, dict) else None):
+        if isinstance(part, dict) and {"hidden_size", "num_hidden_layers"} <= part.keys():
+            return part
+    return None
+
+
 def hf_shape(variant: dict) -> dict | None:
     """n_params, n_layers, n_kv_heads, head_dim, hidden of a model directory (or a known shape)."""
     path = Path(os.path.expanduser(str(variant.get("path", ""))))
     cfg_path = path / "config.json"
-    if cfg_path.is_file():
-        c = json.loads(cfg_path.read_text())
+    c = _text_config(cfg_path)
+    if c is not None:
         hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
         heads = int(c.get("num_attention_heads", 1))
         head_dim = int(c.get("head_dim") or hidden // heads)

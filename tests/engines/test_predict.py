@@ -121,6 +121,24 @@ def test_vllm_from_hf_config(tmp_path):
     assert tight.fits is False and tight.reason.endswith("on GPU 0 of 12.0")
 
 
+def test_hf_shape_reads_a_nested_text_config_and_is_unknown_without_a_shape(tmp_path):
+    from autotune.engines.predict import hf_shape
+
+    shape = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16,
+             "num_key_value_heads": 4}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForConditionalGeneration"],
+                                                      "text_config": shape}))
+    got = hf_shape({"path": str(tmp_path)})
+    assert got is not None and got["n_layers"] == 16 and got["n_kv_heads"] == 4 and got["head_dim"] == 128
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "custom"}))  # no shape: unknown
+    assert hf_shape({"path": str(tmp_path)}) is None
+    (tmp_path / "config.json").write_text("{not json")
+    assert hf_shape({"path": str(tmp_path)}) is None
+    variants = {"m": {"path": str(tmp_path)}}
+    gpu = {"gpus": [{"name": "NVIDIA H100 80GB", "memory_gb": 80}]}
+    assert VLLMEngine.predict({"model": "m", "max_model_len": 8192}, gpu, variants).fits is None
+
+
 def test_fake_engine_gpus():
     settings = {"gpus": [{"name": "a", "memory_gb": 24}, {"name": "b", "memory_gb": 32}]}
     assert FakeEngine.predict({"gpus": 1, "gpu_memory_gb": 30}, settings, {}).fits is True
