@@ -34,11 +34,16 @@ CONFIG_FILE = "config.yaml"
 
 
 def study_dirs(root: Path = Path("studies")) -> list[Path]:
-    """Every study directory under ``root`` (one with an ``optuna.db``), newest first."""
+    """Every study directory under ``root`` (one with an ``optuna.db`` or a ``config.yaml``,
+    so a study whose database was lost is still listed and can be repaired), newest first."""
     if not root.is_dir():
         return []
-    found = [p.parent for p in root.glob("*/optuna.db")]
-    return sorted(found, key=lambda p: (p / "optuna.db").stat().st_mtime, reverse=True)
+    found = {p.parent for name in ("optuna.db", CONFIG_FILE) for p in root.glob(f"*/{name}")}
+
+    def mtime(d: Path) -> float:
+        return max(f.stat().st_mtime for f in (d / "optuna.db", d / CONFIG_FILE) if f.exists())
+
+    return sorted(found, key=mtime, reverse=True)
 
 
 def find_study(arg: str | None, root: Path = Path("studies")) -> Path:

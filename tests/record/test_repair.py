@@ -95,3 +95,20 @@ def test_damaged_database_one_line_then_repair(study, label, damage, why, keep_b
     assert run_cli(["ls", "studies"], root, timeout=120).returncode == 0
     again = run_cli(["repair", str(d)], root, timeout=120)
     assert again.returncode == 2 and "nothing to repair" in again.stderr
+
+
+def test_a_lost_database_is_listed_then_rebuilt_from_trials(study):
+    """optuna.db and its backup deleted: ``ls`` still lists the study (one line naming the loss
+    and ``autotune repair``), and repair rebuilds every trial from trials/."""
+    work, _ = study
+    root, d = damaged_copy(work, "lost", lambda b: b)
+    for name in ("optuna.db", "optuna.db.bak", "optuna.db-wal", "optuna.db-shm"):
+        (d / name).unlink(missing_ok=True)
+    listed = run_cli(["ls", "studies"], root, timeout=120)
+    one_line(listed, "missing")
+    fixed = run_cli(["repair", str(d)], root, timeout=300)
+    assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
+    assert "missing" in fixed.stdout and "5 from trials/" in fixed.stdout, fixed.stdout
+    before = load(work / "studies" / NAME / "optuna.db")
+    assert [(t.number, t.params) for t in load(d / "optuna.db")] == [(t.number, t.params) for t in before]
+    assert run_cli(["ls", "studies"], root, timeout=120).returncode == 0
