@@ -26,6 +26,7 @@ from autotune.cli._model_files import group_models
 from autotune.cli._model_files import read_model
 from autotune.cli._presets import Box
 from autotune.cli._presets import exllamav2_preset
+from autotune.cli._presets import llama_server_preset
 from autotune.cli._presets import llamacpp_preset
 from autotune.engines.base import ENGINES
 from autotune.errors import ConfigError
@@ -35,7 +36,7 @@ from autotune.hardware import cpu_count
 DESCRIPTION = ("Write DIR/NAME.yaml for this box and these models (GGUF files or EXL2 directories), "
                "validated, then print its --dry-run plan; `autotune run --config-dir DIR conf=NAME` "
                "runs it as is.")
-SUPPORTED = {"llamacpp": ("gguf",), "exllamav2": ("exl2",)}
+SUPPORTED = {"llamacpp": ("gguf",), "exllamav2": ("exl2",), "llama_server": ("gguf",)}
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -45,7 +46,8 @@ def add_parser(sub) -> None:
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("models", nargs="*", metavar="MODEL",
                    help="GGUF files or EXL2 directories of one model (+ a smaller draft); default: the shipped gemma")
-    p.add_argument("--engine", help="llamacpp (GGUF) or exllamav2 (EXL2); default: from the files")
+    p.add_argument("--engine", help="llamacpp (GGUF, one stream), llama_server (GGUF, serving users) or "
+                   "exllamav2 (EXL2); default: from the files")
     p.add_argument("--out", default="autotune-conf", help="the preset folder (default ./autotune-conf)")
     p.add_argument("--name", help="the preset's and study's name (default: from the model)")
     p.add_argument("--gpus", help="the GPUs of the box that will run it when not this one: 'RTX 5090:32,RTX 4090:24'")
@@ -113,9 +115,9 @@ def choose_engine(engine: str | None, ms: ModelSet) -> str:
     if found is None:
         raise ConfigError("MODEL", str(ms.best.path), f"{fmt.upper()} has no autotune engine yet "
                           "(ExLlamaV2 loads EXL2; EXL3 needs ExLlamaV3/TabbyAPI main)")
-    if engine is not None and engine != found:
+    if engine is not None and fmt not in SUPPORTED[engine]:
         raise ConfigError("--engine", engine, f"{ms.best.path.name} is {fmt.upper()}, which {found} runs")
-    return found
+    return engine or found
 
 
 def _exl2_predictor(ms: ModelSet, box: Box):
@@ -139,6 +141,8 @@ def build(ms: ModelSet, engine: str, box: Box, name: str, out_dir: Path) -> str:
         from autotune.engines.llamacpp.gguf_memory import gguf_shape
 
         return llamacpp_preset(ms, box, gguf_shape(ms.best.path), name, str(out_dir))
+    if engine == "llama_server":
+        return llama_server_preset(ms, box, name, str(out_dir))
     if not box.gpus:
         raise ConfigError("--gpus", None, "ExLlamaV2 runs on NVIDIA GPUs and NVML found none here; "
                           "name the GPUs of the box that will run it, e.g. --gpus 'RTX 4090:24'")

@@ -205,8 +205,11 @@ class Engine:
         return [f.name for f in dataclasses.fields(cls.settings_schema)]
 
     @classmethod
-    def preflight(cls, settings: dict) -> list[str]:
-        """What this machine lacks to run the engine (e.g. the GPUs in ``settings.gpus``)."""
+    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
+        """What this machine lacks to run the engine (e.g. the GPUs in ``settings.gpus``).
+
+        With ``build`` (a real run), what the engine builds once is built now, before any trial
+        (a CUDA extension, a server binary); a dry run only looks (``build=False``)."""
         wanted = settings.get("gpus") or []
         if not wanted:
             return []

@@ -141,7 +141,7 @@ class FakeEngine(Engine):
             raise ConfigError(f"{path}.settings.resources", res, "expected {name: amount}")
 
     @classmethod
-    def preflight(cls, settings: dict) -> list[str]:
+    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
         """The fake GPUs are Ray resources (``ray.num_gpus``), not devices: nothing to check."""
         return []
 

@@ -84,7 +84,7 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
             + (f", {res.custom}" if res.custom else ""))
     for line in resource_plan(cfg, space):
         c.print(line, markup=False)
-    need = space.engine.preflight(cfg.engine.settings)
+    need = space.engine.preflight(cfg.engine.settings, build=False)
     if need:
         c.print(f"[yellow]cannot run here: {need[0]}[/yellow]")
     c.print(f"Ray: {cfg.ray.address or 'local embedded'}; max concurrent trials: "

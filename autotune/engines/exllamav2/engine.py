@@ -176,10 +176,10 @@ class ExLlamaV2Engine(Engine):
 
     # ---- worker side (needs CUDA + exllamav2) ----------------------------------------------
     @classmethod
-    def preflight(cls, settings: dict) -> list[str]:
+    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
         """The planned GPUs, then exllamav2's CUDA extension, built here, outside any trial."""
         missing = super().preflight(settings)
-        if missing or not settings.get("build_extension", True):
+        if missing or not build or not settings.get("build_extension", True):
             return missing
         return build_extension(float(settings.get("extension_build_timeout_s", 1800)))
 

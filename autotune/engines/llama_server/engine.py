@@ -130,8 +130,11 @@ class LlamaServerEngine(OpenAIServerEngine):
             validate_variants(variants, f"{path}.variants")  # llama-server needs a model
 
     @classmethod
-    def preflight(cls, settings: dict) -> list[str]:
-        """Find or build llama-server now (once, cached), before any trial starts."""
+    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
+        """Find or build llama-server now (once, cached), before any trial starts; a dry run
+        only looks (the plan's launch line then names the build to come)."""
+        if not build:
+            return super().preflight(settings, build)
         try:
             ensure_binary(settings.get("binary"))
         except BuildError as e:
@@ -176,7 +179,11 @@ class LlamaServerEngine(OpenAIServerEngine):
     @classmethod
     def describe_launch(cls, params: dict, settings: dict, variants: dict,
                         workload: dict | None = None) -> str:
-        return shlex.join(cls.argv_for(params, settings, variants, 0, resolve=False))
+        line = shlex.join(cls.argv_for(params, settings, variants, 0, resolve=False))
+        if find_binary(settings.get("binary")) is None and not settings.get("binary"):
+            line += ("  (llama-server is not built yet: the run builds it once from llama-cpp-python's "
+                     "llama.cpp, about 6 min on 2 cores; or now: python -m autotune.engines.llama_server.build)")
+        return line
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
