@@ -1,4 +1,4 @@
-"""The default sampler ``auto``: bo for a single-objective search, TPE for a Pareto search."""
+"""The default sampler ``auto``: bo for a single-objective search, GP for a Pareto search."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from autotune.errors import ConfigError
 from autotune.search.bo import PoolSampler
 from autotune.search.samplers import make_sampler
 from autotune.search.samplers import resolve
+from autotune.search.samplers import torch_available
 from autotune.search.samplers import uses_design
 from autotune.search.samplers import validate_sampler
 
@@ -26,11 +27,12 @@ def test_named_samplers_are_kept_as_named():
         assert resolve(name, "pareto") == name
 
 
-def test_auto_is_bo_for_a_single_search_and_tpe_for_a_pareto_search():
+def test_auto_is_bo_for_a_single_search_and_gp_for_a_pareto_search():
     assert resolve("auto", "single") == "bo"
-    assert resolve("auto", "pareto") == "tpe"
+    assert resolve("auto", "pareto") == ("gp" if torch_available() else "tpe")  # tests/search/test_pareto.py
     assert isinstance(make_sampler("auto", 0, None, 30, 8), PoolSampler)
-    assert isinstance(make_sampler("auto", 0, None, 30, 8, "pareto"), optuna.samplers.TPESampler)
+    pareto = optuna.samplers.GPSampler if torch_available() else optuna.samplers.TPESampler
+    assert isinstance(make_sampler("auto", 0, None, 30, 8, "pareto"), pareto)
 
 
 def test_bo_refuses_a_pareto_search_with_one_line():

@@ -1,0 +1,132 @@
+"""The Pareto search: ``study.search: pareto`` is constrained multi-objective BO by default.
+
+``auto`` resolves to Optuna's ``GPSampler`` (LogCEHVI: one GP per objective and per
+constraint) behind the startup design; the named samplers stay selectable; ``bo`` is refused
+in one line. The sampler reads the constraints the driver sets with ``trial.set_constraint``
+and stays out of an infeasible region that the objectives pull it towards. A real CLI study
+on the fake engine runs it end to end, and bench/pareto.py's smoke run scores it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune.errors import ConfigError
+from autotune.search.samplers import make_sampler
+from autotune.search.samplers import resolve
+from autotune.search.samplers import torch_available
+from autotune.search.samplers import uses_design
+from autotune.search.samplers import validate_sampler
+from tests.conftest import study_overrides
+
+ROOT = Path(__file__).resolve().parents[2]
+needs_torch = pytest.mark.skipif(not torch_available(), reason="GPSampler needs torch")
+
+
+@needs_torch
+def test_auto_is_the_constrained_gp_for_a_pareto_search_behind_the_design():
+    assert resolve("auto", "pareto") == "gp"
+    assert resolve("auto", "single") == "bo"
+    assert isinstance(make_sampler("auto", 0, None, 30, 8, "pareto"), optuna.samplers.GPSampler)
+    assert uses_design("auto") and uses_design("gp")
+
+
+@pytest.mark.parametrize(("name", "cls"), [
+    ("tpe", optuna.samplers.TPESampler), ("nsga2", optuna.samplers.NSGAIISampler),
+    ("random", optuna.samplers.RandomSampler),
+    pytest.param("gp", optuna.samplers.GPSampler, marks=needs_torch),
+])
+def test_named_samplers_stay_selectable_for_a_pareto_search(name, cls):
+    assert resolve(name, "pareto") == name
+    assert isinstance(make_sampler(name, 0, None, 30, 8, "pareto"), cls)
+
+
+def test_bo_is_refused_for_a_pareto_search_in_one_line():
+    with pytest.raises(ConfigError, match="bo searches one objective") as e:
+        validate_sampler("bo", None, "pareto")
+    assert e.value.path == "study.sampler" and "\n" not in str(e.value)
+
+
+def test_the_cli_refuses_bo_for_pareto_with_one_line_and_writes_nothing(cli, tmp_path):
+    done = cli("run", "conf=fake_gpus", "study.search=pareto", "study.sampler=bo",
+               *study_overrides(tmp_path, "refused"), timeout=120)
+    err = [x for x in done.stderr.splitlines() if x.strip()]
+    assert done.returncode == 2 and len(err) == 1, done.stdout[-1500:] + done.stderr[-1500:]
+    assert "study.sampler" in err[0] and "bo searches one objective" in err[0]
+    assert not (tmp_path / "studies" / "refused").exists()
+
+
+def _objectives(x: float, y: float) -> tuple[float, float]:
+    """Both maximised; both grow with y, so the unconstrained front lies at y = 1."""
+    return x + y, 1.0 - x + y
+
+
+def _proposals(constrained: bool, n: int = 6) -> list[float]:
+    """y of the GP sampler's ``n`` proposals after a 3 x 3 design, feasible iff y <= 0.4."""
+    sampler = make_sampler("auto", 0, None, 20, 9, "pareto")
+    study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
+    for x in (0.1, 0.5, 0.9):
+        for y in (0.1, 0.5, 0.9):
+            study.enqueue_trial({"x": x, "y": y})
+    ys = []
+    for i in range(9 + n):
+        trial = study.ask()
+        x, y = trial.suggest_float("x", 0.0, 1.0), trial.suggest_float("y", 0.0, 1.0)
+        if constrained:
+            trial.set_constraint("y <= 0.4", y - 0.4)  # how the driver tells constraints
+        study.tell(trial, _objectives(x, y))
+        if i >= 9:
+            ys.append(y)
+    return ys
+
+
+@pytest.mark.slow
+@needs_torch
+def test_the_gp_sampler_reads_set_constraint_and_avoids_the_infeasible_region():
+    constrained, free = _proposals(True), _proposals(False)
+    assert sum(y <= 0.42 for y in constrained) >= 5, constrained  # the feasible edge, y ~ 0.4
+    assert sum(y > 0.6 for y in free) >= 4, free  # the same sampler without constraints goes up
+
+
+@pytest.mark.slow
+@needs_torch
+def test_a_real_pareto_study_runs_the_gp_sampler_end_to_end(cli, tmp_path):
+    done = cli("run", "conf=fake_gpus", "study.search=pareto", "study.n_trials=8", "study.n_startup=4",
+               "space.duration_s.value=0.0", "ray.max_concurrent=1", "ray.num_cpus=2", "select.top_k=0",
+               "report.enabled=false", "tracking.enabled=false", *study_overrides(tmp_path, "par"),
+               timeout=400)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "sampler auto (gp)" in done.stdout
+    study_dir = tmp_path / "studies" / "par"
+    summary = json.loads((study_dir / "summary.json").read_text())
+    assert summary["n_trials"] == 8
+    assert summary["pareto"], summary
+    assert (study_dir / "pareto.json").exists()
+
+
+def test_the_bench_hypervolume_is_exact_in_2d():
+    sys.path.insert(0, str(ROOT / "bench"))
+    from pareto import hypervolume
+
+    points = [(-3.0, 5.0), (-2.0, 2.0), (-1.0, 1.0), (-2.5, 6.0)]  # the last is dominated
+    assert hypervolume(points, (0.0, 10.0)) == pytest.approx(3 * 5 + 2 * 3 + 1 * 1)
+    assert hypervolume([(1.0, 1.0)], (0.0, 10.0)) == 0.0  # beyond the reference point
+
+
+@pytest.mark.slow
+def test_the_pareto_bench_smoke_run_scores_every_method(tmp_path):
+    results = ROOT / "bench" / "results"
+    before = {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()}
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pareto.py"), "--smoke"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for method in ("default", "tpe", "random"):
+        assert f"│ {method}" in proc.stdout, proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in results.rglob("*") if p.is_file()} == before
+    assert list(tmp_path.iterdir()) == []
