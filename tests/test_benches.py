@@ -1,8 +1,8 @@
 """Every bench in bench/ keeps running after a refactor: ``--help`` and a ``--smoke`` run.
 
 A new bench is picked up by the glob; a bench without a ``--smoke`` mode fails here. The
-smoke runs of soak.py, efficiency.py, sampler_cost.py and peers.py assert more and live beside
-the tests of what they measure (``SMOKE_ELSEWHERE``).
+smoke runs of soak.py, efficiency.py, sampler_cost.py, peers.py and pareto.py assert more and
+live beside the tests of what they measure (``SMOKE_ELSEWHERE``).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ BENCHES = sorted(p for p in (ROOT / "bench").glob("*.py"))
 SMOKE_ELSEWHERE = {"soak.py": ROOT / "tests" / "test_soak.py",
                    "efficiency.py": ROOT / "tests" / "test_bench_efficiency.py",
                    "sampler_cost.py": ROOT / "tests" / "test_bench_efficiency.py",
+                   "pareto.py": ROOT / "tests" / "search" / "test_pareto.py",
                    "peers.py": ROOT / "tests" / "engines" / "test_llama_server.py"}
 
 
@@ -27,7 +28,7 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
 
 
 def test_there_are_benches():
-    assert {"efficiency.py", "fidelity.py", "parallel.py", "soak.py"} <= {p.name for p in BENCHES}
+    assert {"efficiency.py", "fidelity.py", "parallel.py", "slots.py", "soak.py"} <= {p.name for p in BENCHES}
 
 
 @pytest.mark.parametrize("bench", BENCHES, ids=[p.stem for p in BENCHES])

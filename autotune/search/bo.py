@@ -21,10 +21,11 @@ fitted noise), one per quantity:
 
 The next configuration maximises expected improvement over the best feasible posterior mean
 (robust to timing noise) times the probability that every constraint holds and the run
-succeeds. Trials in flight are added at their posterior mean (kriging believer), so parallel
-proposals spread out. Features: a numeric value (or a two-way choice) by its position on
-the parameter's scale, other choices one-hot, a conditional parameter's activity as its own
-column.
+succeeds. Trials in flight (``ray.max_concurrent > 1``) enter the acquisition as ``BATCH``
+says (:mod:`autotune.search.batch`: kriging believer, fantasies or local penalization), so
+parallel proposals spread out; the startup design counts them as started. Features: a
+numeric value (or a two-way choice) by its position on the parameter's scale, other choices
+one-hot, a conditional parameter's activity as its own column.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from scipy.stats import norm
 from threadpoolctl import threadpool_limits
 
 from autotune.record.study import trial_attrs
+from autotune.search import batch as batchlib
 from autotune.search.design import config_key
 from autotune.search.design import to_unit
 from autotune.search.space import decode
@@ -65,6 +67,10 @@ MAX_TRAIN = 200
 MAX_CANDIDATES = 25_000
 WARM_FROM = 40
 REFIT_EVERY = 5
+# How trials in flight shape the next proposal (autotune.search.batch.MODES). On the tuning
+# seeds of bench/slots.py the three tied within a trial or two (bench/results/slots.txt);
+# fantasies are kept as the one that accounts for what the trials in flight may return.
+BATCH = "fantasy"
 
 
 @dataclass
@@ -167,7 +173,10 @@ class PoolSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, space: Space, pool_fn: Callable[[], Pool], constraints: list[Constraint],
                  seed: int | None = None, n_startup: int = 2, max_train: int = MAX_TRAIN,
-                 max_candidates: int = MAX_CANDIDATES) -> None:
+                 max_candidates: int = MAX_CANDIDATES, batch: str | None = None) -> None:
+        self.batch = batch or BATCH
+        if self.batch not in batchlib.MODES:
+            raise ValueError(f"batch={self.batch!r}: expected one of {', '.join(batchlib.MODES)}")
         self.space = space
         self.constraints = constraints
         self.n_startup = n_startup
@@ -232,10 +241,11 @@ class PoolSampler(optuna.samplers.BaseSampler):
         launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
                     and trial_attrs(t).kind == "launched" and t.number in row]
         ok = [t for t in launched if trial_attrs(t).status == "ok" and t.values]
-        if len(launched) < self.n_startup or len(ok) < 2:
+        rows_p = [row[t.number] for t in trials if t.state == TrialState.RUNNING and t.number in row]
+        if len(launched) + len(rows_p) < self.n_startup or len(ok) < 2:
             return pool.params[int(self._rng.choice(free))]
         self._asks += 1
-        pending = pool.X[[row[t.number] for t in trials if t.state == TrialState.RUNNING and t.number in row]]
+        pending = pool.X[rows_p]
         rows_ok = np.array([row[t.number] for t in ok])
         seed = int(self._rng.integers(2**31))
 
@@ -257,17 +267,27 @@ class PoolSampler(optuna.samplers.BaseSampler):
         Xc = pool.X[cand]
 
         rows_s = rows_ok[sel]
-        gp = self._gp("objective", pool.X[rows_s], y[sel] - prior[rows_s], seed, pending)
+        believe = pending if self.batch == "believer" else pending[:0]
+        gp = self._gp("objective", pool.X[rows_s], y[sel] - prior[rows_s], seed, believe)
         mu, sd = gp.predict(Xc)
         mu = mu + prior[cand]
         log_pf = self._log_p_feasible([ok[i] for i in sel], [launched[i] for i in sel_launched],
-                                      row, pending, Xc, seed)
+                                      row, pending, np.vstack([Xc, pending]), seed)
+        log_pf, log_pf_p = log_pf[: len(Xc)], log_pf[len(Xc):]
         if not feasible.any():  # nothing feasible yet: the likeliest feasible, faster first
             return pool.params[int(cand[np.argmax(log_pf + 1e-3 * mu)])]
         best = float(np.max((gp.fitted.predict(pool.X[rows_s]) + prior[rows_s])[feasible[sel]]))
-        z = (mu - best) / sd
-        log_ei = np.log(np.maximum(sd * (z * norm.cdf(z) + norm.pdf(z)), 1e-300))
-        return pool.params[int(cand[np.argmax(log_ei + log_pf)])]
+        if not len(rows_p) or self.batch == "believer":
+            acq = batchlib.log_ei(mu, sd, best)
+        elif self.batch == "fantasy":
+            acq = batchlib.fantasy_log_ei(gp.fitted, pending, prior[rows_p], np.exp(log_pf_p), Xc,
+                                          prior[cand], best, self._rng)
+        else:
+            mu_p, sd_p = gp.predict(pending)
+            scale = batchlib.length_scale(gp.fitted.kernel_, pool.X.shape[1])
+            acq = batchlib.log_ei(mu, sd, best) + batchlib.log_penalty(
+                Xc, mu, pending, mu_p + prior[rows_p], sd_p, best, scale, self._rng)
+        return pool.params[int(cand[np.argmax(acq + log_pf)])]
 
     def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> _GP:
         """A GP for ``name``: past WARM_FROM trials warm-started from its last hyperparameters,
