@@ -49,8 +49,38 @@ def local_ray():
     ray.shutdown()
 
 
-def study_overrides(tmp_path: Path, name: str = "e2e") -> list[str]:
-    """Keep a study's files (Optuna, MLflow, exports) inside tmp_path."""
+_MLFLOW_TEMPLATE: list[Path] = []
+
+
+def seed_mlflow_db(db: Path) -> Path:
+    """Put an empty MLflow store at ``db`` (unless one is there): a copy of one migrated once
+    per test process. A new store's schema migrations take seconds, paid by every study
+    otherwise; slow study tests ask study_overrides for ``seed_mlflow=True``, while a first
+    run on a new store (its console, tests/cli/test_e2e.py) keeps the default."""
+    import shutil
+
+    if db.exists():
+        return db
+    if not _MLFLOW_TEMPLATE:
+        import atexit
+        import tempfile
+
+        from mlflow.tracking import MlflowClient
+
+        d = Path(tempfile.mkdtemp(prefix="autotune-test-mlflow-"))
+        atexit.register(shutil.rmtree, d, True)
+        MlflowClient(tracking_uri=f"sqlite:///{d}/mlflow.db").search_experiments()
+        _MLFLOW_TEMPLATE.append(d / "mlflow.db")
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_MLFLOW_TEMPLATE[0], db)
+    return db
+
+
+def study_overrides(tmp_path: Path, name: str = "e2e", seed_mlflow: bool = False) -> list[str]:
+    """Keep a study's files (Optuna, MLflow, exports) inside tmp_path; with ``seed_mlflow``,
+    the MLflow store starts as a copy of an empty one (:func:`seed_mlflow_db`)."""
+    if seed_mlflow:
+        seed_mlflow_db(tmp_path / "mlruns" / "mlflow.db")
     return [
         f"study.name={name}", f"study.dir={tmp_path}/studies/{name}",
         f"tracking.uri=sqlite:///{tmp_path}/mlruns/mlflow.db", f"tracking.artifacts={tmp_path}/mlruns/artifacts",

@@ -25,10 +25,12 @@ from tests.conftest import run_cli
 from tests.conftest import study_overrides
 from tests.helpers.chromium import chromium_or_skip
 from tests.helpers.chromium import open_page
+from tests.helpers.cli import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-FAKE = ["conf=fake_gpus", "ray.num_cpus=4", "select.top_k=1"]
+# report.enabled=false: `autotune report` below writes (and checks) the report of each study
+FAKE = ["conf=fake_gpus", "ray.num_cpus=4", "select.top_k=1", "report.enabled=false"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def studies(tmp_path_factory):
     """A finished study ``done`` (6 trials) and an interrupted one ``cut`` (SIGINT mid-study)."""
     tmp = tmp_path_factory.mktemp("cmds")
+    # a new MLflow store (not seeded): its set-up lines are what the console test looks for
     done = run_cli(["run", *FAKE, "study.n_trials=6", *study_overrides(tmp, "done")], tmp, timeout=600)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     args = [sys.executable, "-m", "autotune.cli", "run", *FAKE, "study.n_trials=40",
@@ -57,8 +60,9 @@ def studies(tmp_path_factory):
     return tmp, done
 
 
-def _cli(tmp: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return run_cli(list(args), tmp, timeout=timeout)
+def _cli(tmp: Path, *args: str) -> subprocess.CompletedProcess:
+    """report/export/ls in this process (the studies above run the real entry point)."""
+    return run_cli_here(list(args), tmp)
 
 
 def test_run_console_has_progress_and_no_mlflow_setup_lines(studies):

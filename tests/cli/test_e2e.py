@@ -19,20 +19,23 @@ from autotune.record.study import records
 from autotune.search.select import pareto_front
 from tests.conftest import run_cli
 from tests.conftest import study_overrides
+from tests.helpers.cli import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 SMALL = [
     "conf=local_cpu", "study.n_trials=5", "quality.n_tokens=128", "workload.max_tokens=24",
-    "workload.repeats=3", "select.top_k=2", "select.rerun_repeats=1",
-    'constraints=["ppl_delta_pct <= 50", "ttft_p95_ms <= 5000"]',
+    "workload.repeats=1", "select.top_k=2", "select.rerun_repeats=1",
+    # a TTFT bound no trial breaks even on a shared 2-core box (the baseline's p95 passed 5 s
+    # there): an infeasible baseline is never re-measured, and the checks below need it to be
+    'constraints=["ppl_delta_pct <= 50", "ttft_p95_ms <= 20000"]',
 ]
 
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
-    args = ["run", *SMALL, *study_overrides(tmp)]
+    args = ["run", *SMALL, *study_overrides(tmp)]  # a new MLflow store, as a user's
     first = run_cli(args, tmp, timeout=900)
     return tmp, args, first
 
@@ -109,7 +112,7 @@ def test_best_yaml_is_a_usable_preset(study):
     d = tmp / "studies" / "e2e"
     best = yaml.safe_load((d / "best.yaml").read_text())
     assert all(v["type"] == "fixed" for v in best["space"].values())
-    proc = run_cli(["run", "--config-dir", str(d), "conf=best", "--dry-run"], tmp, timeout=120)
+    proc = run_cli_here(["run", "--config-dir", str(d), "conf=best", "--dry-run"], tmp)
     assert proc.returncode == 0, proc.stderr
     assert "space size: 1 configurations" in proc.stdout
 
@@ -117,7 +120,7 @@ def test_best_yaml_is_a_usable_preset(study):
 def test_rerunning_the_command_resumes_the_study(study):
     tmp, args, _ = study
     args = [a if a != "study.n_trials=5" else "study.n_trials=6" for a in args]
-    proc = run_cli(args + ["select.top_k=0"], tmp, timeout=600)
+    proc = run_cli_here(args + ["select.top_k=0"], tmp)  # the first run proved the entry point
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resuming (5 trials done)" in proc.stdout
     st = optuna.load_study(study_name="e2e", storage=f"sqlite:///{tmp}/studies/e2e/optuna.db")

@@ -79,9 +79,12 @@ def test_init_on_gguf_variants_writes_a_preset_that_runs_a_2_trial_study(tmp_pat
     assert preset["quality"]["reference"]["model"] == "q4_k_m"  # the best quant present
     assert preset["engine"]["settings"]["default_variant"] == "q4_k_m"  # the first file given
     assert preset["space"]["n_ctx"]["choices"][0] == 512
-    run = run_cli_here(["run", "--config-dir", "conf", "conf=gemma_box", *study_overrides(tmp_path),
+    seeded = study_overrides(tmp_path, seed_mlflow=True)
+    run = run_cli_here(["run", "--config-dir", "conf", "conf=gemma_box", *seeded,
                         "study.n_trials=2", "quality.n_tokens=128", "select.top_k=1",
-                        "select.rerun_repeats=1", "report.enabled=false"], tmp_path)
+                        "select.rerun_repeats=1", "report.enabled=false",
+                        # the preset is the point, not the numbers: the shortest measurement
+                        "workload.max_tokens=16", "workload.warmup=0", "workload.repeats=1"], tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     study = tmp_path / "studies" / "e2e"
     assert (study / "summary.json").is_file() and (study / "llama-server.sh").is_file()

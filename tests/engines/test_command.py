@@ -24,6 +24,7 @@ from autotune.engines.command import parse_metrics
 from autotune.errors import ConfigError
 from autotune.trial.spec import TrialSpec
 from autotune.trial.worker import execute
+from tests.conftest import seed_mlflow_db
 
 REPO = Path(__file__).resolve().parents[2]
 GOOD = REPO / "tests" / "configs" / "good"
@@ -180,11 +181,13 @@ def test_worker_turns_failure_into_a_result(tmp_path: Path):
 
 
 def _run_study(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    seed_mlflow_db(tmp_path / "mlflow.db")
     overrides = [
         f"study.dir={tmp_path / 'study'}",
         f"tracking.uri=sqlite:///{tmp_path / 'mlflow.db'}",
         f"tracking.artifacts={tmp_path / 'artifacts'}",
         "ray.num_cpus=2",
+        "report.enabled=false",  # the report has its own tests (tests/cli/test_commands.py)
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(

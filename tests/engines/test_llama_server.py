@@ -222,12 +222,13 @@ def test_the_exported_script_starts_the_real_server(binary: Path, gemma, tmp_pat
 @pytest.mark.slow
 @pytest.mark.e2e
 def test_a_short_study_through_the_cli(binary: Path, gemma, tmp_path: Path) -> None:
-    from tests.conftest import run_cli
     from tests.conftest import study_overrides
+    from tests.helpers.cli import run_cli_here
 
-    args = ["run", "conf=llama_server", "study.n_trials=2", "workload.repeats=2",
-            "workload.max_tokens=16", "select.rerun_repeats=1", "select.top_k=1", "constraints=[]"]
-    proc = run_cli([*args, *study_overrides(tmp_path, "ls")], tmp_path, timeout=600)
+    args = ["run", "conf=llama_server", "study.n_trials=2", "workload.repeats=1", "workload.warmup=0",
+            "workload.max_tokens=16", "select.rerun_repeats=1", "select.top_k=1", "constraints=[]",
+            "report.enabled=false"]
+    proc = run_cli_here([*args, *study_overrides(tmp_path, "ls", seed_mlflow=True)], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "llama-server's defaults" in proc.stdout
     d = tmp_path / "studies" / "ls"

@@ -4,6 +4,7 @@
 directory ``cwd`` and returns a :class:`subprocess.CompletedProcess` (exit code, stdout, stderr)
 like the subprocess form does, so a test can switch between the two. What a call changes in
 this process is put back: the working directory and the signal handlers ``main`` installs.
+The console is 200 columns wide, as ``tests.conftest.run_cli`` sets it (``COLUMNS``).
 One subprocess test per command is kept to prove the real entry point (tests/cli/).
 """
 
@@ -26,6 +27,8 @@ def run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     out, err = io.StringIO(), io.StringIO()
     handlers = {s: signal.getsignal(s) for s in _SIGNALS}
     here = os.getcwd()
+    columns = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "200"
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -35,6 +38,10 @@ def run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                 code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     finally:
         os.chdir(here)
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
         for s, h in handlers.items():
             signal.signal(s, h)
     return subprocess.CompletedProcess(["autotune", *args], code, out.getvalue(), err.getvalue())

@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import run_cli
 from tests.conftest import study_overrides
+from tests.helpers.cli import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 NAME = "rep"
@@ -26,7 +27,7 @@ def study(tmp_path_factory):
     """(work dir, args) of a finished 5-trial study named ``rep``."""
     work = tmp_path_factory.mktemp("repair")
     args = ["run", "conf=fake_gpus", "study.n_trials=5", "report.enabled=false",
-            *study_overrides(work, NAME)]
+            *study_overrides(work, NAME, seed_mlflow=True)]
     done = run_cli(args, work, timeout=400)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return work, args
@@ -66,14 +67,16 @@ def test_damaged_database_one_line_then_repair(study, label, damage, why, keep_b
     root, d = damaged_copy(work, label, damage)
     if not keep_backup:
         (d / "optuna.db.bak").unlink()  # rebuild from trials/ alone
-    for cmd in (["ls", "studies"], ["report", str(d), "--no-png"], ["export", str(d)],
-                ["ui", str(d), "--port", "5987"]):
-        one_line(run_cli(cmd, root, timeout=120), why)
+    # in this process (the fixture ran the real entry point), but `ui` in a subprocess: were
+    # it to serve the damaged study, the timeout ends it instead of hanging the suite
+    for cmd in (["ls", "studies"], ["report", str(d), "--no-png"], ["export", str(d)]):
+        one_line(run_cli_here(cmd, root), why)
+    one_line(run_cli(["ui", str(d), "--port", "5987"], root, timeout=120), why)
     run_args = [a for a in args if not a.startswith(("study.dir", "tracking."))]
-    one_line(run_cli([*run_args, f"study.dir={d}", f"tracking.uri=sqlite:///{root}/mlruns/mlflow.db",
-                      f"tracking.artifacts={root}/mlruns/artifacts"], root, timeout=120), why)
+    one_line(run_cli_here([*run_args, f"study.dir={d}", f"tracking.uri=sqlite:///{root}/mlruns/mlflow.db",
+                           f"tracking.artifacts={root}/mlruns/artifacts"], root), why)
 
-    fixed = run_cli(["repair", str(d)], root, timeout=300)
+    fixed = run_cli_here(["repair", str(d)], root)
     assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
     assert "kept the damaged file" in fixed.stdout and "MLflow = Optuna" in fixed.stdout
     assert list(d.glob("optuna.db.corrupt-*"))
@@ -92,8 +95,8 @@ def test_damaged_database_one_line_then_repair(study, label, damage, why, keep_b
     runs = [r for r in client.search_runs([exp.experiment_id], max_results=1000)
             if "mlflow.parentRunId" in r.data.tags]
     assert sorted(int(r.data.tags["autotune.trial"]) for r in runs) == [t.number for t in after]
-    assert run_cli(["ls", "studies"], root, timeout=120).returncode == 0
-    again = run_cli(["repair", str(d)], root, timeout=120)
+    assert run_cli_here(["ls", "studies"], root).returncode == 0
+    again = run_cli_here(["repair", str(d)], root)
     assert again.returncode == 2 and "nothing to repair" in again.stderr
 
 
@@ -104,11 +107,11 @@ def test_a_lost_database_is_listed_then_rebuilt_from_trials(study):
     root, d = damaged_copy(work, "lost", lambda b: b)
     for name in ("optuna.db", "optuna.db.bak", "optuna.db-wal", "optuna.db-shm"):
         (d / name).unlink(missing_ok=True)
-    listed = run_cli(["ls", "studies"], root, timeout=120)
+    listed = run_cli_here(["ls", "studies"], root)
     one_line(listed, "missing")
-    fixed = run_cli(["repair", str(d)], root, timeout=300)
+    fixed = run_cli_here(["repair", str(d)], root)
     assert fixed.returncode == 0, fixed.stdout[-2000:] + fixed.stderr[-2000:]
     assert "missing" in fixed.stdout and "5 from trials/" in fixed.stdout, fixed.stdout
     before = load(work / "studies" / NAME / "optuna.db")
     assert [(t.number, t.params) for t in load(d / "optuna.db")] == [(t.number, t.params) for t in before]
-    assert run_cli(["ls", "studies"], root, timeout=120).returncode == 0
+    assert run_cli_here(["ls", "studies"], root).returncode == 0

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 def test_sigint_mid_study_exports_and_leaves_no_process(tmp_path):
     args = [sys.executable, "-m", "autotune.cli", "run", "conf=local_cpu", "study.n_trials=20",
             "quality.enabled=false", "workload.repeats=50", "workload.max_tokens=32",
-            *study_overrides(tmp_path, "intr")]
+            *study_overrides(tmp_path, "intr", seed_mlflow=True)]
     proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines = []

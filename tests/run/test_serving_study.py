@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
 from tests.conftest import study_overrides
+from tests.helpers.cli import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -31,6 +31,7 @@ constraints: ["max_concurrency_at_slo >= 1"]
 select: {metric: goodput_tps, top_k: 1, rerun_repeats: 1}
 quality: {enabled: false}
 ray: {num_cpus: 2, num_gpus: 1, max_concurrent: 1}
+report: {enabled: false}
 """
 
 
@@ -38,7 +39,7 @@ def test_a_goodput_study_picks_the_engine_that_serves_the_most_users(tmp_path):
     (tmp_path / "confs").mkdir()
     (tmp_path / "confs" / "serving_fake.yaml").write_text(PRESET)
     args = ["run", "--config-dir", str(tmp_path / "confs"), "conf=serving_fake"]
-    proc = run_cli([*args, *study_overrides(tmp_path, "serving")], tmp_path, timeout=600)
+    proc = run_cli_here([*args, *study_overrides(tmp_path, "serving", seed_mlflow=True)], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     d = tmp_path / "studies" / "serving"
     summary = json.loads((d / "summary.json").read_text())

@@ -2,8 +2,9 @@
 
 Real drivers (``autotune run`` on the fake engine) in subprocesses: a signal mid-trial gives
 exit 143 / 129, the summary and exports written, no trial left RUNNING, no native stack dump
-and no process left behind; a second ``autotune run`` of the same study exits 2 with the
-holder's line while the first one finishes normally.
+and no process left behind; a second ``autotune run`` of the same study (in the test's own
+process: the lock is the first one's) exits 2 with the holder's line while the first one
+finishes normally.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.record.study import INTERRUPTED
-from tests.conftest import run_cli
 from tests.conftest import study_overrides
+from tests.helpers.cli import run_cli_here
 from tests.helpers.procs import processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -30,7 +31,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 def fake_study(tmp_path, name: str, n_trials: int, duration_s: float) -> list[str]:
     """``autotune run`` arguments for a fake-engine study whose trials take ``duration_s``."""
     return ["run", "conf=fake_gpus", f"study.n_trials={n_trials}", f"space.duration_s.value={duration_s}",
-            "study.trial_timeout_s=120", "report.enabled=false", *study_overrides(tmp_path, name)]
+            "study.trial_timeout_s=120", "report.enabled=false",
+            *study_overrides(tmp_path, name, seed_mlflow=True)]
 
 
 def start(tmp_path, args: list[str]) -> subprocess.Popen:
@@ -83,12 +85,14 @@ def test_signal_mid_trial_stops_like_ctrl_c(tmp_path, sig, code):
 
 
 def test_second_driver_is_refused_and_the_first_finishes(tmp_path):
-    args = fake_study(tmp_path, "twice", 4, 10.0)
+    # no re-measurement (select.top_k=0): the point is the lock, held from the first trial on
+    args = [*fake_study(tmp_path, "twice", 4, 10.0), "select.top_k=0"]
     first = start(tmp_path, args)
     try:
         lines = wait_for(first, "#0 started")
-        listed = run_cli(["ls", "studies"], tmp_path, timeout=120)  # readers never take the lock
-        second = run_cli(args, tmp_path, timeout=120)
+        # in this process: the lock is the other process's flock; the entry point is proven above
+        listed = run_cli_here(["ls", "studies"], tmp_path)  # readers never take the lock
+        second = run_cli_here(args, tmp_path)
         out, _ = first.communicate(timeout=300)
     finally:
         if first.poll() is None:
