@@ -1,24 +1,36 @@
-"""How fast each search method finds the true feasible optimum, through the real CLI.
+"""How fast each search method finds the true feasible optimum on simulated surfaces.
 
-Each study is ``autotune run --config-dir bench/surfaces conf=SURFACE ...`` in its own
-process: the real driver, Optuna storage, Ray placement and trial workers, with the
-``kind: command`` engine running ``bench/surfaces/sim.py`` (a simulated engine with 3%
-log-normal timing noise). The bench knows each surface's noise-free truth
-(bench/surfaces/truth.py enumerates the whole space), so it scores a study by the TRUE value
-of the configuration the study would pick after n launched trials (best measured
+Each study runs a preset of ``bench/surfaces/`` (a ``kind: command`` engine running
+``bench/surfaces/sim.py``, a simulated engine with seeded log-normal timing noise) either
+through the real CLI (``autotune run --config-dir bench/surfaces conf=SURFACE ...`` in its
+own process: driver, Optuna storage, Ray placement, trial workers) or, with ``--fast``, in
+process through the real driver loop and sampler with the trial evaluated in-process
+(bench/surfaces/fast.py: seconds a study, no Ray, no MLflow). The bench knows each
+surface's noise-free truth (bench/surfaces/truth.py), so it scores a study by the TRUE
+value of the configuration the study would pick after n launched trials (best measured
 feasible), divided by the true feasible optimum.
 
-Per surface and method, over seeds: median best-so-far / optimum at 10, 20 and 30 launched
-trials, the share of seeds reaching 95% by 20, the median number of trials to reach 95%,
-and the share of seeds whose exported winner is the true best of the re-measured
-candidates. ``random*`` is the analytic median for uniform random sampling (ln 2 / p, p =
-share of the launchable configurations, those neither breaking a rule nor predicted OOM,
-within 95% of the optimum).
+Every study runs in a prior mode (``--modes``, issue 23): ``none`` (the preset without its
+``predict`` block, as a user of a custom engine would run it), ``physics`` (the preset's
+block, written from public numbers only: model shapes, published memory and bandwidth,
+documented or round-guess overheads) and ``misleading`` (``bench/surfaces/prior/
+SURFACE_misleading.yaml`` over it: every drafted token accepted, bandwidth 2x off, an
+overhead missing). The timing noise is paired: it depends only on the configuration, the
+repeat and the seed (``engine.settings.vars.noise_seed``), never on the method.
 
-    python bench/efficiency.py                         # 4 surfaces x 5 methods x 10 seeds
-    python bench/efficiency.py --quick                 # 1 surface, 2 methods through the CLI
+Seeds 0-9 of TUNE_SURFACES are the "tune" set (look at these while changing the sampler);
+seeds 100-119 of every surface are the "report" set; each row says which.
+
+Per surface x mode x method: median best-so-far / optimum at 10, 20 and 30 launched trials,
+the share of seeds reaching 95% by 20 with its Wilson 95% interval, the median number of
+trials to reach 95% [quartiles]. ``random*`` is the analytic median for uniform random
+sampling over the physics-launchable configurations.
+
+    python bench/efficiency.py --fast --first-seed 100 --seeds 20 --jobs 1     # report set
+    python bench/efficiency.py --fast --tune                                   # tune set
+    python bench/efficiency.py --surfaces vllm_h100 --methods default,random --modes none \
+        --first-seed 100 --seeds 2 --jobs 1                                    # real CLI
     python bench/efficiency.py --smoke                 # seconds: in-process random on the truths
-    python bench/efficiency.py --surfaces exl2_70b --methods default,random --seeds 5 --jobs 3
 """
 
 from __future__ import annotations
@@ -28,7 +40,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -41,11 +52,23 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench" / "surfaces"))
 sys.path.insert(0, str(ROOT))
 
+from stats import _median  # noqa: E402
+from stats import _n  # noqa: E402
+from stats import _quartiles  # noqa: E402, F401 (tests use efficiency._quartiles)
+from stats import verdicts  # noqa: E402
+from stats import wilson  # noqa: E402
 from truth import Truth  # noqa: E402
 from truth import load  # noqa: E402
 from truth import satisfies  # noqa: E402
 
-SURFACES = ("exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b")
+SURFACES = ("exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b", "vllm_h100", "llamacpp_noisy")
+TUNE_SURFACES = ("exl2_70b", "llamacpp_7b", "vllm_h100")  # seeds 0-9 of these: the tune set
+REPORT_SEEDS = range(100, 120)
+MODES = {  # prior mode -> overrides (issue 23); {s}: the surface
+    "none": ["~engine.settings.predict"],
+    "physics": [],
+    "misleading": ["+prior={s}_misleading"],
+}
 METHODS = {  # name -> overrides on top of the preset (the preset leaves the defaults alone)
     "default": [],
     "random": ["study.sampler=random"],
@@ -53,10 +76,6 @@ METHODS = {  # name -> overrides on top of the preset (the preset leaves the def
     "tpe_pareto": ["study.sampler=tpe", "study.search=pareto"],
     "gp": ["study.sampler=gp"],  # Optuna's GPSampler after the design (the default before bo)
     "grid": ["study.sampler=grid"],
-    # prior mode "none" (issue 23): the preset without its predict block, as a user of a custom
-    # engine would run it; the bench surfaces' predict blocks carry simulator constants
-    "default_noprior": ["~engine.settings.predict"],
-    "random_noprior": ["study.sampler=random", "~engine.settings.predict"],
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -74,6 +93,15 @@ class Run:
     curve: tuple[float, ...]  # true value of the best measured-feasible config / optimum
     winner_ok: bool | None  # the exported winner is the true best of the re-measured candidates
     error: str = ""
+    mode: str = "physics"  # prior mode (MODES)
+    via: str = "cli"  # cli or fast (in-process driver loop)
+
+    @property
+    def set(self) -> str:
+        """report (seeds 100-119), tune (seeds 0-9 of TUNE_SURFACES) or other."""
+        if self.seed in REPORT_SEEDS:
+            return "report"
+        return "tune" if self.seed < 10 and self.surface in TUNE_SURFACES else "other"
 
     def at(self, n: int) -> float:
         if not self.curve:
@@ -91,20 +119,27 @@ def _read(path: Path) -> dict:
         return {}
 
 
+def curve_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[float, ...]:
+    """Best-so-far true ratio over launched trials [(params, status, measured metrics)]."""
+    best_measured, best_true, curve = -math.inf, 0.0, []
+    for params, status, metrics in trials:
+        if status == "ok" and satisfies(metrics, truth.constraints) and metrics[truth.metric] > best_measured:
+            best_measured, best_true = metrics[truth.metric], truth.credit(params)
+        curve.append(min(best_true / truth.optimum, 1.0))
+    return tuple(curve)
+
+
 def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None]:
     """Best-so-far curve over launched trials and whether the exported winner is right."""
-    best_measured, best_true, curve = -math.inf, 0.0, []
     params_of: dict[int, dict] = {}
+    trials = []
     for d in sorted((study_dir / "trials").glob("[0-9]*")):
         spec, result = _read(d / "spec.json"), _read(d / "result.json")
         if not spec:
             continue
         params_of[int(spec["number"])] = spec["params"]
-        metrics = result.get("metrics") or {}
-        if result.get("status") == "ok" and satisfies(metrics, truth.constraints):
-            if metrics[truth.metric] > best_measured:
-                best_measured, best_true = metrics[truth.metric], truth.credit(spec["params"])
-        curve.append(min(best_true / truth.optimum, 1.0))
+        trials.append((spec["params"], result.get("status"), result.get("metrics") or {}))
+    curve = list(curve_of(truth, trials))
     summary = _read(study_dir / "summary.json")
     winner = (summary.get("winner") or {}).get("number")
     by_trial = ((summary.get("remeasured") or {}).get("by_trial") or {})
@@ -116,16 +151,35 @@ def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None
     return tuple(curve), winner_ok
 
 
-def run_study(truth: Truth, method: str, seed: int, trials: int, out: Path) -> Run:
+def overrides(truth: Truth, method: str, mode: str, seed: int, trials: int) -> list[str]:
+    """What a study adds to ``conf=SURFACE``: seed, budget, method, prior mode, paired noise."""
+    return [f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
+            f"engine.settings.vars.noise_seed={seed}", *METHODS[method],
+            *(o.format(s=truth.name) for o in MODES[mode])]
+
+
+def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Run:
+    """One study in-process through the real driver loop (bench/surfaces/fast.py)."""
+    from fast import fast_study
+
+    try:
+        done, wall = fast_study(overrides(truth, method, mode, seed, trials))
+    except Exception as e:  # a failed study is a row with its error, not a lost bench
+        return Run(truth.name, method, seed, 1, 0.0, (), None, f"{type(e).__name__}: {e}"[:200], mode, "fast")
+    curve = curve_of(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
+    return Run(truth.name, method, seed, 0, wall, curve, None, "", mode, "fast")
+
+
+def run_study(truth: Truth, method: str, mode: str, seed: int, trials: int, out: Path) -> Run:
     """One study through the real CLI in a subprocess."""
-    study_dir = out / truth.name / method / f"s{seed}"
+    study_dir = out / truth.name / mode / method / f"s{seed}"
     if (study_dir / "summary.json").exists() and (study_dir / "cli.log").exists():
-        return Run(truth.name, method, seed, 0, 0.0, *score(truth, study_dir))  # done before
+        return Run(truth.name, method, seed, 0, 0.0, *score(truth, study_dir), mode=mode)  # done before
     shutil.rmtree(study_dir, ignore_errors=True)
     argv = [sys.executable, "-m", "autotune.cli", "run", "--config-dir", str(ROOT / "bench" / "surfaces"),
-            f"conf={truth.name}", f"study.name=eff_{truth.name}_{method}_s{seed}",
-            f"study.dir={study_dir}", f"study.seed={seed}", f"study.n_trials={trials}",
-            "tracking.enabled=false", "report.enabled=false", "ray.num_cpus=1", *METHODS[method]]
+            f"study.name=eff_{truth.name}_{mode}_{method}_s{seed}", f"study.dir={study_dir}",
+            "tracking.enabled=false", "report.enabled=false", "ray.num_cpus=1",
+            *overrides(truth, method, mode, seed, trials)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_DEDUP_LOGS": "0", "OMP_NUM_THREADS": "1"}
     t0 = time.monotonic()
     proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
@@ -134,43 +188,14 @@ def run_study(truth: Truth, method: str, seed: int, trials: int, out: Path) -> R
     (study_dir / "cli.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
     curve, winner_ok = score(truth, study_dir)
     error = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-    return Run(truth.name, method, seed, proc.returncode, wall, curve, winner_ok, error)
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else math.nan
-
-
-def wilson(hits: int, n: int) -> tuple[float, float]:
-    """The Wilson 95% interval of a share of ``hits`` in ``n`` seeds (scipy)."""
-    from scipy.stats import binomtest
-
-    if n == 0:
-        return (math.nan, math.nan)
-    ci = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return (float(ci.low), float(ci.high))
-
-
-def _quartiles(values: list[float]) -> tuple[float, float]:
-    """Lower and upper quartile (inclusive method; inf where a seed never got there)."""
-    if len(values) < 2:
-        return (values[0], values[0]) if values else (math.nan, math.nan)
-    v = sorted(values)
-
-    def q(f: float) -> float:
-        x = f * (len(v) - 1)
-        lo, hi, f = v[math.floor(x)], v[math.ceil(x)], x - math.floor(x)
-        return lo if f == 0 or lo == hi else math.inf if math.isinf(hi) else lo + (hi - lo) * f
-    return (q(0.25), q(0.75))
-
-
-def _n(x: float) -> str:
-    return ">budget" if math.isinf(x) else f"{x:g}"
+    return Run(truth.name, method, seed, proc.returncode, wall, curve, winner_ok, error, mode)
 
 
 def aggregate(runs: list[Run], truth: Truth) -> dict:
     ok = [r for r in runs if r.curve]
-    row = {"surface": truth.name, "method": runs[0].method, "seeds": len(runs), "failed": len(runs) - len(ok)}
+    first = runs[0]
+    row = {"surface": truth.name, "set": first.set, "mode": first.mode, "method": first.method,
+           "via": first.via, "seeds": len(runs), "failed": len(runs) - len(ok)}
     for n in CHECKPOINTS:
         row[f"at{n}"] = _median([r.at(n) for r in ok])
     hits = sum(r.trials_to(0.95) <= 20 for r in ok)
@@ -186,33 +211,47 @@ def aggregate(runs: list[Run], truth: Truth) -> dict:
     return row
 
 
+def group(runs: list[Run], truths: dict[str, Truth]) -> list[dict]:
+    """One row per surface x set x prior mode x method x how it ran, in a stable order."""
+    order = {m: i for i, m in enumerate([*METHODS, *MODES])}
+    keys = sorted({(r.surface, r.set, r.mode, r.method, r.via) for r in runs},
+                  key=lambda k: (list(truths).index(k[0]), k[1], order.get(k[2], 99), order.get(k[3], 99), k[4]))
+    return [aggregate([r for r in runs if (r.surface, r.set, r.mode, r.method, r.via) == k], truths[k[0]])
+            for k in keys]
+
+
 def table(rows: list[dict], truths: dict[str, Truth]) -> str:
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title="search efficiency: true value of the best measured-feasible config / true optimum")
-    for col in ("surface", "method", "seeds", "@10", "@20", "@30", "95% by 20 [Wilson 95%]",
-                "trials to 95% \\[quartiles]", "winner ok", "launched", "s/study"):
-        t.add_column(col, justify="left" if col in ("surface", "method") else "right")
+    for col in ("surface", "set", "prior", "method", "via", "seeds", "@10", "@20", "@30",
+                "95% by 20 [Wilson 95%]", "trials to 95% \\[quartiles]", "winner ok", "launched", "s/study"):
+        t.add_column(col, justify="left" if col in ("surface", "set", "prior", "method", "via") else "right")
     for row in rows:
         lo, hi = row.get("reach95_ci", (math.nan, math.nan))
         q1, q3 = row.get("trials95_iqr", (math.nan, math.nan))
-        t.add_row(row["surface"], row["method"], str(row["seeds"]),
-                  *(f"{row[f'at{n}']:.3f}" for n in CHECKPOINTS),
+        t.add_row(row["surface"], row.get("set", ""), row.get("mode", "physics"), row["method"],
+                  row.get("via", "cli"), str(row["seeds"]), *(f"{row[f'at{n}']:.3f}" for n in CHECKPOINTS),
                   f"{row['reach95_by20']:.0%} [{lo:.0%}, {hi:.0%}]",
                   f"{_n(row['median_trials95'])} [{_n(q1)}, {_n(q3)}]",
                   "-" if math.isnan(row["winner_ok"]) else f"{row['winner_ok']:.0%}",
-                  f"{row['launched']:g}", f"{row['wall_s']:.0f}" if row["wall_s"] else "-")
+                  f"{row['launched']:g}", f"{row['wall_s']:.1f}" if row["wall_s"] else "-")
     for name, tr in truths.items():
         p = tr.n_launchable95 / tr.n_launchable  # refused proposals are re-asked, not counted
-        t.add_row(name, "random*", "", "", "", "", f"{1 - (1 - p) ** 20:.0%}", f"{math.log(2) / p:.0f}", "",
-                  "", "")
-    console = Console(width=170, record=True)
+        t.add_row(name, "", "physics", "random*", "", "", "", "", "", f"{1 - (1 - p) ** 20:.0%}",
+                  f"{math.log(2) / p:.0f}", "", "", "")
+    console = Console(width=200, record=True)
     console.print(t)
     for name, tr in truths.items():
         console.print(f"{name}: {tr.n_configs} configs, {tr.n_launchable} launchable (no rule broken, "
-                      f"not predicted OOM), {tr.n_feasible} feasible, {tr.n_within95} within 95% of "
-                      f"the optimum {tr.optimum:.4g} {tr.metric}")
+                      f"not predicted OOM by the physics prior), {tr.n_feasible} feasible, {tr.n_within95} "
+                      f"within 95% of the optimum {tr.optimum:.4g} {tr.metric}")
+    lines = verdicts(rows)
+    if lines:
+        console.print("\ntargets (issue 23) for the default:")
+        for line in lines:
+            console.print(line, soft_wrap=True)
     return console.export_text()
 
 
@@ -223,27 +262,24 @@ def write_results(results: Path, text: str, rows: list[dict], runs: list[Run], w
         {"rows": rows, "runs": [asdict(r) for r in runs], "wall_s": wall, "command": cmd}, indent=1, default=str))
 
 
+def load_runs(path: Path) -> list[Run]:
+    """Runs from a results .json or a streamed .jsonl (one Run a line)."""
+    text = path.read_text()
+    items = json.loads(text)["runs"] if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x]
+    return [Run(**{**r, "curve": tuple(r["curve"])}) for r in items]
+
+
 def merge(files: list[Path], results: Path, cmd: str) -> int:
     """Re-aggregate the runs of earlier results files (later files win on the same study)."""
     runs: dict[tuple, Run] = {}
-    commands, wall = [], 0.0
     for f in files:
-        data = json.loads(f.read_text())
-        commands.append(data.get("command", ""))
-        wall += float(data.get("wall_s", 0.0))
-        for r in data["runs"]:
-            run = Run(**{**r, "curve": tuple(r["curve"])})
-            runs[(run.surface, run.method, run.seed)] = run
-    surfaces = list(dict.fromkeys(k[0] for k in runs))
-    methods = [m for m in METHODS if any(k[1] == m for k in runs)]
-    truths = {s: load(s) for s in surfaces}
-    rows = [aggregate([r for r in runs.values() if r.surface == s and r.method == m], truths[s])
-            for s in surfaces for m in methods if any(k[:2] == (s, m) for k in runs)]
-    text = table(rows, truths)
-    tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials, {wall:.0f} s of runs\n"
-    tail += "".join(f"$ {c}\n" for c in commands) + f"$ {cmd}\n"
+        for run in load_runs(f):
+            runs[(run.surface, run.mode, run.method, run.seed, run.via)] = run
+    truths = {s: load(s) for s in dict.fromkeys(k[0] for k in runs)}
+    text = table(group(list(runs.values()), truths), truths)
+    tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
     print(tail, end="")
-    write_results(results, text + tail, rows, list(runs.values()), wall, cmd)
+    write_results(results, text + tail, group(list(runs.values()), truths), list(runs.values()), 0.0, cmd)
     return 0
 
 
@@ -269,71 +305,92 @@ def smoke(truths: dict[str, Truth], seeds: int, trials: int) -> list[Run]:
             for p in order:
                 best = max(best, truth.value(p))
                 curve.append(min(best / truth.optimum, 1.0))
-            runs.append(Run(name, "random", seed, 0, 0.0, tuple(curve), None))
+            runs.append(Run(name, "random", seed, 0, 0.0, tuple(curve), None, via="smoke"))
     return runs
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--surfaces", default=",".join(SURFACES))
-    ap.add_argument("--methods", default=",".join(METHODS))
-    ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--first-seed", type=int, default=0,
-                    help="seeds run are first-seed .. first-seed+seeds-1 (--merge pools runs by seed)")
+    ap.add_argument("--methods", default="default,random")
+    ap.add_argument("--modes", default=",".join(MODES), help="prior modes: none, physics, misleading")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--first-seed", type=int, default=REPORT_SEEDS[0],
+                    help="seeds run are first-seed .. first-seed+seeds-1 (100-119: the report set)")
+    ap.add_argument("--tune", action="store_true", help="the tune set: seeds 0-9 of TUNE_SURFACES")
     ap.add_argument("--trials", type=int, default=30)
-    ap.add_argument("--jobs", type=int, default=2, help="studies run in parallel")
+    ap.add_argument("--jobs", type=int, default=1, help="studies run in parallel")
+    ap.add_argument("--fast", action="store_true",
+                    help="in-process studies through the real driver loop and sampler (no Ray, MLflow)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 8 trials")
-    ap.add_argument("--out", default=None, help="where the studies go (default: a temp dir, removed)")
+    ap.add_argument("--out", default=None, help="where CLI studies go (default: a temp dir, removed)")
     ap.add_argument("--results", default=str(RESULTS / "efficiency"), help="results path without suffix")
-    ap.add_argument("--merge", nargs="+", metavar="JSON", help="no runs: table from earlier results files")
+    ap.add_argument("--stream", default=None, help="append each finished study to this .jsonl")
+    ap.add_argument("--merge", nargs="+", metavar="FILE", help="no runs: table from .json/.jsonl results")
     ap.add_argument("--rescore", action="store_true",
                     help="no runs: score the finished studies already under --out")
     ap.add_argument("--smoke", action="store_true",
                     help="seconds, in-process, no CLI: random order on every surface's truth, scored "
                          "and tabled; writes nothing unless --results is given")
     args = ap.parse_args(argv)
-    cmd = "python bench/efficiency.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    cmd = "python bench/efficiency.py " + " ".join(given)
     if args.smoke:
         names = [s for s in args.surfaces.split(",") if s]
         truths = {s: load(s) for s in names}
         runs = smoke(truths, min(args.seeds, 5), args.trials)
-        rows = [aggregate([r for r in runs if r.surface == s], truths[s]) for s in names]
+        rows = group(runs, truths)
         text = table(rows, truths)
-        if "--results" in (argv if argv is not None else sys.argv[1:]):
+        if "--results" in given:
             write_results(Path(args.results), text, rows, runs, 0.0, cmd)
         return 0
     if args.merge:
         return merge([Path(p) for p in args.merge], Path(args.results), cmd)
     if args.quick:
-        args.surfaces, args.methods, args.seeds, args.trials = "cpu_7b", "default,random", 1, 8
+        args.surfaces, args.methods, args.modes, args.seeds, args.trials = "cpu_7b", "default,random", "physics", 1, 8
+    if args.tune:
+        args.surfaces, args.first_seed, args.seeds = ",".join(TUNE_SURFACES), 0, 10
     surfaces = [s for s in args.surfaces.split(",") if s]
     methods = [m for m in args.methods.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
     for m in methods:
         if m not in METHODS:
             ap.error(f"--methods: unknown {m!r}; choose from {', '.join(METHODS)}")
+    for m in modes:
+        if m not in MODES:
+            ap.error(f"--modes: unknown {m!r}; choose from {', '.join(MODES)}")
     truths = {s: load(s) for s in surfaces}
     import tempfile
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="autotune-eff-"))
-    jobs = [(truths[s], m, seed) for seed in range(args.first_seed, args.first_seed + args.seeds)
-            for s in surfaces for m in methods]
+    # seeds outermost: a bench cut short still has every row on the same seeds
+    jobs = [(truths[s], m, mode, seed) for seed in range(args.first_seed, args.first_seed + args.seeds)
+            for s in surfaces for mode in modes for m in methods]
+    stream = Path(args.stream) if args.stream else None
+
+    def one(job: tuple) -> Run:
+        t, m, mode, seed = job
+        run = run_fast(t, m, mode, seed, args.trials) if args.fast else run_study(t, m, mode, seed, args.trials, out)
+        if stream:
+            with stream.open("a") as f:
+                f.write(json.dumps(asdict(run)) + "\n")
+        return run
+
     t0 = time.monotonic()
     if args.rescore:
-        runs = [Run(t.name, m, seed, 0, 0.0, *score(t, out / t.name / m / f"s{seed}"))
-                for t, m, seed in jobs if (out / t.name / m / f"s{seed}" / "summary.json").exists()]
+        runs = [Run(t.name, m, seed, 0, 0.0, *score(t, out / t.name / mode / m / f"s{seed}"), mode=mode)
+                for t, m, mode, seed in jobs if (out / t.name / mode / m / f"s{seed}" / "summary.json").exists()]
     else:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            runs = list(pool.map(lambda j: run_study(*j, args.trials, out), jobs))
+            runs = list(pool.map(one, jobs))
     wall = time.monotonic() - t0
-    rows = [aggregate([r for r in runs if r.surface == s and r.method == m], truths[s])
-            for s in surfaces for m in methods if any(r.surface == s and r.method == m for r in runs)]
+    rows = group(runs, truths)
     text = table(rows, truths)
     tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs)} launched trials in {wall:.0f} s\n$ {cmd}\n"
-    tail += "".join(f"study {r.surface}/{r.method}/s{r.seed} exited {r.rc}: {r.error}\n"
+    tail += "".join(f"study {r.surface}/{r.mode}/{r.method}/s{r.seed} exited {r.rc}: {r.error}\n"
                     for r in runs if r.rc != 0)
     print(tail, end="")
-    text += tail
-    write_results(Path(args.results), text, rows, runs, wall, cmd)
+    write_results(Path(args.results), text + tail, rows, runs, wall, cmd)
     if not args.out and not args.rescore:
         shutil.rmtree(out, ignore_errors=True)
     return 0 if all(r.rc == 0 for r in runs) else 1

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
+import statistics
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,8 @@ SURFACES = ROOT / "bench" / "surfaces"
 sys.path.insert(0, str(SURFACES))
 
 from truth import load  # noqa: E402
+
+SIX = ["exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b", "vllm_h100", "llamacpp_noisy"]
 
 
 @pytest.mark.parametrize("name", ["exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b"])
@@ -74,7 +79,7 @@ def test_quick_bench_through_the_real_cli(tmp_path):
         assert run["rc"] == 0 and 1 <= len(run["curve"]) <= 8
         assert all(0.0 <= x <= 1.0 for x in run["curve"])
     assert "trials to 95%" in res.with_suffix(".txt").read_text()
-    studies = tmp_path / "studies" / "cpu_7b" / "default" / "s0"
+    studies = tmp_path / "studies" / "cpu_7b" / "physics" / "default" / "s100"
     assert (studies / "summary.json").exists() and (studies / "trials" / "0000" / "command.stdout").exists()
 
 
@@ -95,3 +100,115 @@ def test_efficiency_reports_a_wilson_interval_and_quartiles():
     assert lo < 0.3 < hi
     assert efficiency._quartiles([9.0, 10.0, 12.0, 14.0, 15.0]) == (10.0, 14.0)
     assert efficiency._quartiles([3.0, float("inf")])[1] == float("inf")
+
+
+@pytest.mark.parametrize("name", SIX)
+def test_physics_prior_carries_no_simulator_constant(name):
+    """Issue 23: the predict blocks use public numbers only; the old blocks' constants read
+    off the simulators (draft overhead, reserves, bandwidth, the auto-split limit) are gone,
+    and every block says where its numbers come from."""
+    import yaml
+
+    text = (SURFACES / f"{name}.yaml").read_text()
+    block = yaml.dump(yaml.safe_load(text)["engine"]["settings"]["predict"])
+    for banned in ("0.045", "30.9", "1300", "0.85", "1.95", "1.85", "38 /", "* 55", "/ 55)"):
+        assert banned not in block, banned
+    assert "prior mode \"physics\"" in text and ("spec sheet" in text or "published" in text)
+
+
+@pytest.mark.parametrize("name", SIX)
+def test_every_surface_composes_in_the_three_prior_modes(name):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    from autotune.cli.main import prepare
+
+    truth = types.SimpleNamespace(name=name)  # overrides() needs the name only
+    uppers = {}
+    for mode in efficiency.MODES:
+        cfg, space, base = prepare(efficiency.overrides(truth, "default", mode, 100, 20), str(SURFACES),
+                                   dry_run=True)
+        assert cfg.engine.settings["vars"]["noise_seed"] == 100
+        uppers[mode] = space.engine.predict(base, cfg.engine.settings, cfg.engine.variants).decode_tps_upper
+    assert uppers["none"] is None and uppers["physics"] and uppers["misleading"]
+    assert uppers["misleading"] > 1.5 * uppers["physics"]  # 2x bandwidth at least
+
+
+def test_noise_is_paired_by_configuration_seed_and_repeat():
+    import sim
+
+    params = {"quant": "Q4_K_M", "n_threads": 8, "n_threads_batch": 8, "n_batch": 128, "n_ctx": 512}
+    a = sim.measure("cpu_7b", params, "/a/study1/trials/0003", 0.03, 100)
+    b = sim.measure("cpu_7b", params, "/b/study2/trials/0017", 0.03, 100)
+    c = sim.measure("cpu_7b", params, "/a/study1/trials/0003", 0.03, 101)
+    d = sim.measure("cpu_7b", params, "/a/study1/remeasure/0003", 0.03, 100)
+    assert a == b  # another method, another trial number: the same draw
+    assert a["decode_tps"] != c["decode_tps"] and a["decode_tps"] != d["decode_tps"]
+    old = sim.measure("cpu_7b", params, "/a/study1/trials/0003", 0.03)  # no seed: by directory
+    assert old != sim.measure("cpu_7b", params, "/b/study2/trials/0017", 0.03)
+
+
+def test_vllm_surface_optimum_sits_on_the_memory_ridge():
+    """Nine knobs, one conditional and one continuous; one step past the best utilization
+    crashes, and the conditional K is absent when speculation is off."""
+    from models import SimFailure
+    from models import vllm_h100
+
+    truth = load("vllm_h100")
+    assert len(truth.preset["space"]) >= 8
+    best = max(truth.table, key=truth.table.get)
+    params = dict(best)
+    util = float(params["gpu_memory_utilization"])
+    full = {k: (v if k != "gpu_memory_utilization" else util) for k, v in params.items()}
+    full = {k: (int(v) if v.isdigit() else v == "True" if v in ("True", "False") else v)
+            for k, v in full.items() if k != "gpu_memory_utilization"} | {"gpu_memory_utilization": util}
+    assert truth.value(full) == pytest.approx(truth.optimum)
+    with pytest.raises(SimFailure, match="CUDA graphs"):
+        vllm_h100({**full, "gpu_memory_utilization": util + 0.02})
+    assert 0 < truth.n_within95 / truth.n_configs < 0.01
+    assert all("num_speculative_tokens" not in dict(k) for k in truth.table
+               if dict(k)["speculative"] == "none")
+
+
+def test_noisy_surface_has_10pct_noise_and_an_unpredicted_crash_region():
+    import sim
+    from models import SimFailure
+
+    from autotune.engines.command import CommandEngine
+
+    truth = load("llamacpp_noisy")
+    p = {"quant": "Q4_K_M", "n_gpu_layers": 29, "n_ctx": 8192, "n_batch": 1024, "flash_attn": True,
+         "type_k": "q8_0", "type_v": "q4_0"}
+    with pytest.raises(SimFailure, match="illegal memory access"):
+        sim.measure("llamacpp_noisy", p, "/t/trials/0001", 0.03, 1)
+    assert CommandEngine.predict(p, truth.preset["engine"]["settings"], {}).fits is True
+    ok = {**p, "type_v": "q8_0"}
+    draws = [sim.measure("llamacpp_noisy", ok, "/t/trials/0001", 0.03, s)["decode_tps"] for s in range(40)]
+    spread = statistics.pstdev([math.log(x) for x in draws])
+    assert 0.06 < spread < 0.15  # 10%, whatever --noise says
+
+
+def test_fast_mode_runs_the_real_driver_loop_in_process():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    truth = load("cpu_7b")
+    run = efficiency.run_fast(truth, "default", "misleading", 100, 5)
+    assert run.rc == 0 and run.via == "fast" and run.set == "report" and len(run.curve) == 5
+    again = efficiency.run_fast(truth, "default", "misleading", 100, 5)
+    assert again.curve == run.curve  # seeded: the same study twice
+    assert efficiency.Run("exl2_70b", "random", 3, 0, 0.0, (), None).set == "tune"
+
+
+@pytest.mark.slow
+def test_fast_mode_matches_the_cli_on_the_same_seed(tmp_path):
+    """The same seed through the CLI and in-process: the same trials, so the same curve."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    truth = load("cpu_7b")
+    for method in ("default", "random"):
+        cli = efficiency.run_study(truth, method, "none", 100, 8, tmp_path)
+        fast = efficiency.run_fast(truth, method, "none", 100, 8)
+        assert cli.rc == 0, cli.error
+        assert fast.curve == cli.curve

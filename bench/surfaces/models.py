@@ -11,6 +11,15 @@ command starts in milliseconds.
   model steals VRAM from resident layers and layer skipping lowers the draft's acceptance.
 - ``llamacpp_7b`` (seed 002): Qwen2.5-7B GGUF on an RTX 4090 with partial offload.
 - ``cpu_7b`` (seed 004): a 7B GGUF on an 8-core / 16-thread CPU.
+- ``vllm_h100`` (issue 23): Llama-3.1-8B served by a vLLM-like engine on one H100 80 GB, 9
+  knobs: a conditional one (the speculative method -> its K) and a continuous one
+  (gpu_memory_utilization); the optimum sits on a narrow ridge at the memory edge (CUDA
+  graphs live outside the utilization budget).
+- ``llamacpp_noisy`` (issue 23): the llamacpp_7b engine on a noisier box (10% timing noise)
+  with a crash region no prediction covers (a kernel fault with mixed K/V cache types at
+  large batches under flash attention).
+
+``NOISE`` gives a surface's own timing noise (sim.py's default is 3%).
 """
 
 from __future__ import annotations
@@ -208,5 +217,63 @@ def cpu_7b(params: dict) -> dict[str, float]:
             "ppl_delta_pct": CPU_QUANT_PPL[quant], "peak_rss_mb": (weights / GIB + 0.6) * 1024}
 
 
+# ---- (e) a vLLM-like server, Llama-3.1-8B on one H100 80 GB (issue 23) ---------------------------
+H100_GB, H100_BW, H100_TFLOPS = 80.0, 3350e9, {"none": 990e12, "fp8": 1979e12}
+VLLM_CLIENTS, VLLM_PROMPT, VLLM_SHARED, VLLM_OUT = 512, 6000, 1500, 512
+VLLM_SPEC = {"ngram": (0.35, 0.03, 0.0), "eagle": (0.7, 0.09, 0.6)}  # acceptance, cost/K, GB
+
+
+def vllm_h100(params: dict) -> dict[str, float]:
+    quant, kv_dtype = params["quantization"], params["kv_cache_dtype"]
+    util, seqs = float(params["gpu_memory_utilization"]), int(params["max_num_seqs"])
+    mbt, chunked = int(params["max_num_batched_tokens"]), bool(params["enable_chunked_prefill"])
+    prefix, spec = bool(params["enable_prefix_caching"]), str(params.get("speculative") or "none")
+    k = int(params.get("num_speculative_tokens") or 0) if spec != "none" else 0
+    weights = 16.1 if quant == "none" else 8.6
+    alpha, cost_k, draft_gb = VLLM_SPEC.get(spec, (0.0, 0.0, 0.0))
+    graphs = 0.9 + 0.011 * seqs * (1 + 0.5 * (k > 0))  # CUDA graphs, outside the budget
+    if (1 - util) * H100_GB < graphs + 1.1:
+        raise SimFailure(f"torch.OutOfMemoryError: CUDA out of memory while capturing CUDA graphs "
+                         f"({graphs:.1f} GiB needed outside gpu_memory_utilization={util:.2f})")
+    act = 1.2 + mbt * 0.00028
+    pool = util * H100_GB - weights - act - draft_gb
+    if pool < 1.0:
+        raise SimFailure("ValueError: No available memory for the cache blocks. Try increasing "
+                         "`gpu_memory_utilization` when initializing the engine.")
+    kv_tok = 32 * 8 * 128 * 2 * (2 if kv_dtype == "auto" else 1) / GIB
+    ctx = VLLM_PROMPT + VLLM_OUT
+    per_seq = (ctx - VLLM_SHARED if prefix else ctx) * kv_tok * 1.04
+    fit = (pool - (VLLM_SHARED * kv_tok if prefix else 0.0)) / per_seq
+    conc = max(1.0, min(seqs, VLLM_CLIENTS, fit))
+    wbytes = weights * GIB * (1 + 0.5 * draft_gb / weights if k else 1)
+    kv_read = conc * (ctx / 2) * kv_tok * GIB * (1.0 if kv_dtype == "auto" else 1.08)
+    flops = 2 * 8.0e9 * conc * (k + 1)
+    t_step = max((wbytes + kv_read) / (H100_BW * 0.8), flops / (H100_TFLOPS[quant] * 0.45))
+    t_step = t_step * (1 + cost_k * k) + 0.0035
+    tokens = (1 - alpha ** (k + 1)) / (1 - alpha) if k else 1.0
+    prompt = VLLM_PROMPT - (VLLM_SHARED if prefix else 0)
+    pre_s = 2 * 8.0e9 * prompt / (H100_TFLOPS[quant] * 0.55)
+    stall = conc * prompt / VLLM_OUT / mbt  # prefill passes per decode step, shared by all
+    if chunked:
+        decode = conc * tokens / (t_step * (1 + 0.15 * stall))
+        ttft = (pre_s * (1 + 0.35 * conc * prompt / mbt / 8) + t_step) * 1000 + 25
+    else:
+        decode = conc * tokens / (t_step * (1 + 0.6 * stall))
+        ttft = (pre_s * (1 + conc * prompt / mbt / 8) + 4 * t_step) * 1000 + 25
+    ppl = (0.45 if quant == "fp8" else 0.0) + (0.3 if kv_dtype == "fp8" else 0.0)
+    return {"decode_tps": decode, "ttft_p50_ms": ttft, "ttft_p95_ms": ttft * 1.3,
+            "ppl_delta_pct": ppl, "vram_peak_gb": util * H100_GB + graphs}
+
+
+# ---- (f) llama.cpp on a noisy box with an unpredictable crash region (issue 23) -----------------
+def llamacpp_noisy(params: dict) -> dict[str, float]:
+    fa, n_batch = bool(params["flash_attn"]), int(params["n_batch"])
+    if fa and n_batch >= 1024 and params["type_k"] != params["type_v"]:
+        raise SimFailure("CUDA error: an illegal memory access was encountered\n"
+                         "  in ggml_cuda_flash_attn_ext (mixed K/V types, large ubatch)")
+    return llamacpp_7b(params)
+
+
+NOISE = {"llamacpp_noisy": 0.10}
 SURFACES = {"exl2_70b": exl2_70b, "streamer_70b": streamer_70b, "llamacpp_7b": llamacpp_7b,
-            "cpu_7b": cpu_7b}
+            "cpu_7b": cpu_7b, "vllm_h100": vllm_h100, "llamacpp_noisy": llamacpp_noisy}

@@ -1,9 +1,14 @@
 """A simulated engine for ``engine.kind: command``: one surface of bench/surfaces/models.py.
 
 Usage: ``python bench/surfaces/sim.py SURFACE --workdir DIR [--knob VALUE ...]``. Prints one
-JSON line of metrics with log-normal timing noise (``--noise``, default 3%), seeded by the
-trial's directory so a study is reproducible; an OOM or crash of the model exits 1 with the
-engine's message on stderr, as a real engine would.
+JSON line of metrics with log-normal timing noise (``--noise``, default 3%); an OOM or crash
+of the model exits 1 with the engine's message on stderr, as a real engine would.
+
+The noise is seeded by the trial's directory (a study is reproducible), or, with
+``--noise-seed N`` (N >= 0; the surfaces pass ``engine.settings.vars.noise_seed``), by the
+surface, the configuration, N and the repeat (the directory's tag: ``trials`` for a search
+trial, ``<tag>/<number>`` for a re-measurement) only: two methods that measure the same
+configuration under the same seed see the same noise (paired comparisons, issue 23).
 """
 
 from __future__ import annotations
@@ -16,14 +21,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from models import NOISE  # noqa: E402
 from models import SURFACES  # noqa: E402
 from models import SimFailure  # noqa: E402
 
 TIMED = ("decode_tps", "ttft_p50_ms", "ttft_p95_ms")
 
 
-def parse(argv: list[str]) -> tuple[str, dict, str, float]:
-    """(surface, params, workdir, noise) from ``SURFACE --name value ...``."""
+def parse(argv: list[str]) -> tuple[str, dict, str, float, int]:
+    """(surface, params, workdir, noise, noise seed) from ``SURFACE --name value ...``."""
     surface, rest = argv[0], argv[1:]
     params: dict = {}
     for flag, text in zip(rest[::2], rest[1::2]):
@@ -33,13 +39,27 @@ def parse(argv: list[str]) -> tuple[str, dict, str, float]:
             params[flag.lstrip("-").replace("-", "_")] = text
     workdir = str(params.pop("workdir", ""))
     noise = float(params.pop("noise", 0.03))
-    return surface, params, workdir, noise
+    noise_seed = int(params.pop("noise_seed", -1))
+    return surface, params, workdir, noise, noise_seed
 
 
-def measure(surface: str, params: dict, workdir: str, noise: float) -> dict[str, float]:
-    """The surface's metrics with each timing scaled by exp(N(0, noise))."""
+def noise_key(surface: str, params: dict, workdir: str, noise_seed: int = -1) -> str:
+    """What seeds a measurement's noise: the trial directory, or (noise_seed >= 0) the
+    configuration, the seed and the repeat, so methods are compared on the same draws."""
+    if noise_seed < 0:
+        return f"{surface}|{workdir}"
+    path = Path(workdir)
+    repeat = path.parent.name if path.parent.name == "trials" else f"{path.parent.name}/{path.name}"
+    config = json.dumps(sorted((k, str(v)) for k, v in params.items()))
+    return f"{surface}|{config}|{noise_seed}|{repeat}"
+
+
+def measure(surface: str, params: dict, workdir: str, noise: float, noise_seed: int = -1) -> dict[str, float]:
+    """The surface's metrics with each timing scaled by exp(N(0, noise)); the noise of a
+    surface that declares its own (``NOISE``) replaces the default."""
     metrics = SURFACES[surface](params)
-    seed = hashlib.sha256(f"{surface}|{workdir}".encode()).hexdigest()
+    noise = NOISE.get(surface, noise)
+    seed = hashlib.sha256(noise_key(surface, params, workdir, noise_seed).encode()).hexdigest()
     rng = random.Random(int(seed[:16], 16))
     for key in TIMED:
         if key in metrics:
@@ -49,9 +69,9 @@ def measure(surface: str, params: dict, workdir: str, noise: float) -> dict[str,
 
 
 def main(argv: list[str]) -> int:
-    surface, params, workdir, noise = parse(argv)
+    surface, params, workdir, noise, noise_seed = parse(argv)
     try:
-        metrics = measure(surface, params, workdir, noise)
+        metrics = measure(surface, params, workdir, noise, noise_seed)
     except SimFailure as e:
         print(str(e), file=sys.stderr)
         return 1

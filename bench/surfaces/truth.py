@@ -1,7 +1,8 @@
 """The noise-free truth of a simulated surface: every configuration of its preset's space.
 
 :func:`load` reads ``bench/surfaces/<name>.yaml``, enumerates the space (categorical
-choices, int ranges), applies the preset's rules (autotune's own rule evaluator) and
+choices, bools, int ranges; a float range on its ``step``, else on a grid of
+:data:`FLOAT_GRID`; a conditional parameter is left out where its ``when`` is false), applies the preset's rules (autotune's own rule evaluator) and
 constraints to the model's noise-free metrics, and returns a :class:`Truth` that knows the
 true feasible optimum and the true value of any configuration.
 """
@@ -22,10 +23,12 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from models import NOISE  # noqa: E402
 from models import SURFACES  # noqa: E402
 from models import SimFailure  # noqa: E402
 
-NOISE_SLACK = 0.03  # a timing constraint within the noise of its bound is met
+NOISE_SLACK = 0.03  # a timing constraint within the noise of its bound is met (or NOISE's)
+FLOAT_GRID = 0.01  # the truth of a continuous knob: evaluated on this grid (the optimum's)
 TIMED = ("ttft_p50_ms", "ttft_p95_ms", "decode_tps")
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 _CONSTRAINT = re.compile(r"^\s*(\w+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
@@ -47,18 +50,39 @@ def satisfies(metrics: dict, constraints: list[tuple[str, str, float]]) -> bool:
 
 
 def enumerate_space(space: dict) -> list[dict]:
-    names, values = list(space), []
-    for name in names:
+    """Every configuration; a parameter whose ``when`` is false is absent (deduplicated)."""
+    from autotune._expr import compile_expr
+
+    names, values, whens = list(space), [], {}
+    for i, name in enumerate(names):
         d = space[name]
+        if "when" in d:
+            whens[name] = compile_expr(d["when"], names[:i], f"space.{name}.when")
         if d["type"] == "categorical":
             values.append(list(d["choices"]))
+        elif d["type"] == "bool":
+            values.append([False, True])
         elif d["type"] == "int":
             values.append(list(range(int(d["low"]), int(d["high"]) + 1, int(d.get("step", 1)))))
+        elif d["type"] == "float":
+            low, high = float(d["low"]), float(d["high"])
+            step = float(d.get("step") or FLOAT_GRID)
+            values.append([round(low + j * step, 10) for j in range(int(round((high - low) / step)) + 1)])
         elif d["type"] == "fixed":
             values.append([d["value"]])
         else:
-            raise ValueError(f"space.{name}: the bench enumerates categorical and int parameters only")
-    return [dict(zip(names, combo)) for combo in itertools.product(*values)]
+            raise ValueError(f"space.{name}: the bench enumerates categorical, bool, int and float")
+    out, seen = [], set()
+    for combo in itertools.product(*values):
+        params = dict(zip(names, combo))
+        for name, when in whens.items():
+            if name in params and not when.holds(params):
+                del params[name]
+        k = key(params)
+        if k not in seen:
+            seen.add(k)
+            out.append(params)
+    return out
 
 
 def key(params: dict) -> tuple:
@@ -104,7 +128,8 @@ class Truth:
             metrics = SURFACES[self.name](params)
         except SimFailure:
             return 0.0
-        loose = [(k, op, v * (1 + NOISE_SLACK) if op.startswith("<") else v * (1 - NOISE_SLACK))
+        slack = max(NOISE_SLACK, NOISE.get(self.name, 0.0))
+        loose = [(k, op, v * (1 + slack) if op.startswith("<") else v * (1 - slack))
                  if k in TIMED else (k, op, v) for k, op, v in self.constraints]
         if not satisfies(metrics, loose):
             return 0.0
@@ -112,7 +137,7 @@ class Truth:
 
     def value(self, params: dict) -> float:
         """True value of a configuration (0 when it is truly infeasible)."""
-        k = key({n: params.get(n) for n in self.preset["space"]})
+        k = key({n: params[n] for n in self.preset["space"] if params.get(n) is not None})
         if k not in self.table:
             self.table[k] = self.evaluate(params)[0]
         return self.table[k]
