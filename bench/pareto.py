@@ -36,9 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import hashlib
 import json
-import random
 import statistics
 import sys
 import time
@@ -52,6 +50,7 @@ SURFACE_DIR = ROOT / "bench" / "surfaces"
 sys.path.insert(0, str(SURFACE_DIR))
 sys.path.insert(0, str(ROOT))
 
+from sim import with_noise  # noqa: E402
 from truth import Truth  # noqa: E402
 from truth import load  # noqa: E402
 from truth import satisfies  # noqa: E402
@@ -64,8 +63,6 @@ PAIRS = {  # surface -> the objective traded against decode_tps (the richest tru
 }
 METHODS = {"default": "auto", "tpe": "tpe", "nsga2": "nsga2", "random": "random"}
 CHECKPOINTS = (10, 20, 30)
-TIMED = ("decode_tps", "ttft_p50_ms", "ttft_p95_ms")
-NOISE = 0.03
 TARGET = 0.90
 MARGIN = 0.1  # the reference point lies 10% of each objective's feasible range beyond its worst
 RESULTS = ROOT / "bench" / "results" / "pareto"
@@ -139,14 +136,7 @@ def measure(truth: Truth, params: dict, seed: int):
     value, metrics, why = truth.evaluate(params)
     if metrics is None:
         return TrialResult(0, "failed", reason=why)
-    digest = hashlib.sha256(f"{truth.name}|{config_key(params)}|{seed}".encode()).hexdigest()
-    rng = random.Random(int(digest[:16], 16))
-    metrics = dict(metrics)
-    for k in TIMED:
-        if k in metrics:
-            metrics[k] *= rng.lognormvariate(0.0, NOISE)
-    metrics["ttft_p95_ms"] = max(metrics["ttft_p95_ms"], metrics["ttft_p50_ms"])
-    return TrialResult(0, "ok", metrics)
+    return TrialResult(0, "ok", with_noise(metrics, truth.name, f"{truth.name}|{config_key(params)}|{seed}"))
 
 
 def study(name: str, method: str, seed: int, trials: int, fast_part: float | None = None) -> dict:

@@ -33,11 +33,9 @@ pool the trials of every surface, and give the geometric mean of the surfaces' w
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import math
-import random
 import statistics
 import sys
 import tempfile
@@ -53,6 +51,7 @@ sys.path.insert(0, str(SURFACE_DIR))
 sys.path.insert(0, str(ROOT))
 
 from rich.console import Console  # noqa: E402
+from sim import with_noise  # noqa: E402
 from truth import Truth  # noqa: E402
 from truth import load  # noqa: E402
 from truth import satisfies  # noqa: E402
@@ -70,8 +69,6 @@ from autotune.trial.spec import TrialResult  # noqa: E402
 SURFACES = ("exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b")
 RESULTS = ROOT / "bench" / "results" / "slots.txt"
 LOAD_S = 20.0
-NOISE = 0.03
-TIMED = ("decode_tps", "ttft_p50_ms", "ttft_p95_ms")
 
 
 @dataclass
@@ -108,13 +105,7 @@ class SimPlacement:
         _, metrics, why = self.truth.evaluate(params)
         if metrics is None:
             return TrialResult(number, "failed", reason=why, duration_s=LOAD_S)
-        digest = hashlib.sha256(f"{self.truth.name}|{self.seed}|{config_key(params)}".encode()).hexdigest()
-        rng = random.Random(int(digest[:16], 16))
-        metrics = dict(metrics)
-        for k in TIMED:
-            if k in metrics:
-                metrics[k] *= rng.lognormvariate(0.0, NOISE)
-        metrics["ttft_p95_ms"] = max(metrics["ttft_p95_ms"], metrics["ttft_p50_ms"])
+        metrics = with_noise(metrics, self.truth.name, f"{self.truth.name}|{self.seed}|{config_key(params)}")
         w = self.workload
         per = metrics["ttft_p50_ms"] / 1000 + w.max_tokens / max(metrics["decode_tps"], 1e-9)
         return TrialResult(number, "ok", metrics, duration_s=LOAD_S + (w.warmup + w.repeats) * per)

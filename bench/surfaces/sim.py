@@ -57,13 +57,18 @@ def noise_key(surface: str, params: dict, workdir: str, noise_seed: int = -1) ->
 def measure(surface: str, params: dict, workdir: str, noise: float, noise_seed: int = -1) -> dict[str, float]:
     """The surface's metrics with each timing scaled by exp(N(0, noise)); the noise of a
     surface that declares its own (``NOISE``) replaces the default."""
-    metrics = SURFACES[surface](params)
+    return with_noise(SURFACES[surface](params), surface, noise_key(surface, params, workdir, noise_seed), noise)
+
+
+def with_noise(metrics: dict[str, float], surface: str, key: str, noise: float = 0.03) -> dict[str, float]:
+    """``metrics`` with each timing scaled by exp(N(0, noise)) drawn from ``key`` (the same
+    key, the same draws: noise paired across methods); a surface's own ``NOISE`` wins."""
     noise = NOISE.get(surface, noise)
-    seed = hashlib.sha256(noise_key(surface, params, workdir, noise_seed).encode()).hexdigest()
-    rng = random.Random(int(seed[:16], 16))
-    for key in TIMED:
-        if key in metrics:
-            metrics[key] *= rng.lognormvariate(0.0, noise)
+    rng = random.Random(int(hashlib.sha256(key.encode()).hexdigest()[:16], 16))
+    metrics = dict(metrics)
+    for k in TIMED:
+        if k in metrics:
+            metrics[k] *= rng.lognormvariate(0.0, noise)
     metrics["ttft_p95_ms"] = max(metrics["ttft_p95_ms"], metrics["ttft_p50_ms"])
     return metrics
 
