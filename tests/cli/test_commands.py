@@ -52,7 +52,14 @@ def studies(tmp_path_factory):
             if re.search(r"#1 ok ", line):
                 break
         proc.send_signal(signal.SIGINT)
-        out, _ = proc.communicate(timeout=180)
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            # one clean-clone CI run lost this Ctrl-C (the study ran all 40 trials; cause not
+            # found, tests/run/test_interrupt.py and test_signals.py test the stop itself):
+            # this fixture only needs an interrupted study, so Ctrl-C is pressed once more
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
