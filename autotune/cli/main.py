@@ -131,6 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         driver = Driver(cfg, space, placement, tracker, reporter, seeds=seeds,
                         fork_of=source.study.name if source else None)
         try:
+            stop.check()  # a Ctrl-C that Ray's start-up swallowed
             summary = driver.run()
         finally:
             reporter.close()
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from autotune.run import stop
 
-    stop.install()  # SIGTERM/SIGHUP = Ctrl-C (the driver installs them again after ray.init)
+    stop.install(fresh=True)  # Ctrl-C/SIGTERM/SIGHUP: one stop (the driver installs them again after ray.init)
     try:
         if args.command == "run":
             return cmd_run(args)

@@ -100,6 +100,7 @@ class Driver:
         self.seeds = list(seeds or [])  # a fork's configurations, measured right after trial 0
         self.fork_of = fork_of  # the study a fork (autotune run --fork) was seeded from
         self.stopped: KeyboardInterrupt | None = None  # Ctrl-C, SIGTERM or SIGHUP (run.stop)
+        self.stop_mark = stop.mark()  # the stop signals that came before this driver are not its own
 
     # ---- before the loop -------------------------------------------------------------
     def ensure_reference(self) -> None:
@@ -184,6 +185,7 @@ class Driver:
         try:
             self.ensure_reference()
             self._loop(study, t0)
+            stop.check(self.stop_mark)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.run.stop.Stopped)
             interrupted, self.stopped = True, e
             self.report.warn(f"interrupted ({stop.name(e)}): stopping trials in flight and "
@@ -209,6 +211,7 @@ class Driver:
         refused = 0  # proposals in a row that could not be launched
         exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
         while True:
+            stop.check(self.stop_mark)  # a Ctrl-C whose KeyboardInterrupt a library swallowed
             over_time = cfg.study.timeout_s is not None and time.monotonic() - t0 > cfg.study.timeout_s
             while (not over_time and self.stop_reason is None and len(self.pending) < slots
                    and not exhausted(study) and launched + len(self.pending) < cfg.study.n_trials):

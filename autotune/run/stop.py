@@ -1,15 +1,19 @@
-"""SIGTERM and SIGHUP stop a study the way Ctrl-C does.
+"""Ctrl-C, SIGTERM and SIGHUP stop a study one way.
 
 ``docker stop``, systemd, batch schedulers and ``kill`` send SIGTERM; a closed terminal
-sends SIGHUP. :func:`install` makes both raise :class:`Stopped`, a ``KeyboardInterrupt``,
-in the main thread, so they take Ctrl-C's one path: the driver stops the trials in flight,
+sends SIGHUP. :func:`install` makes all three raise :class:`Stopped`, a ``KeyboardInterrupt``,
+in the main thread, so they take one path: the driver stops the trials in flight,
 marks them interrupted, writes the exports and the summary, and ``autotune run`` exits
 with ``128 + signal`` (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; :func:`exit_code`).
 
 ``ray.init`` installs its own SIGTERM handler (``sys.exit``) and Ray's core worker a native
 one that dumps a stack and aborts (exit 134), so the driver calls :func:`install` again
-once Ray is up. While the stop is under way, further SIGTERMs and SIGHUPs are noted and
-ignored, so the exports get written; SIGKILL still ends it at once.
+once Ray is up. While the stop is under way, further signals are noted and ignored, so the
+exports get written; SIGKILL still ends it at once.
+
+The signal is also kept (:func:`received`): a library that catches ``KeyboardInterrupt``
+on its way (a clean-clone CI run once lost a Ctrl-C that way) cannot swallow the stop, since
+the driver calls :func:`check` on every turn of its loop.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from __future__ import annotations
 import signal
 import sys
 
-SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class Stopped(KeyboardInterrupt):
-    """Raised in the main thread by SIGTERM or SIGHUP; ``signum`` is the signal."""
+    """Raised in the main thread by Ctrl-C, SIGTERM or SIGHUP; ``signum`` is the signal."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
@@ -34,7 +38,7 @@ _received: list[int] = []
 
 
 def received() -> int | None:
-    """The SIGTERM / SIGHUP that started the stop (None: none, or Ctrl-C)."""
+    """The signal that started the stop (None: none yet)."""
     return _received[0] if _received else None
 
 
@@ -49,6 +53,7 @@ def name(exc: BaseException | None = None) -> str:
 
 
 def _again(signum: int, frame: object) -> None:  # noqa: ARG001
+    _received.append(signum)
     try:  # after SIGHUP the terminal may be gone: the stop must go on regardless
         print(f"autotune: {signal.Signals(signum).name} received; already stopping (writing the "
               "exports); SIGKILL ends it at once", file=sys.stderr, flush=True)
@@ -63,11 +68,29 @@ def _stop(signum: int, frame: object) -> None:  # noqa: ARG001
     raise Stopped(signum)
 
 
-def install() -> None:
-    """SIGTERM and SIGHUP raise :class:`Stopped` (main thread only; a no-op elsewhere)."""
+def mark() -> int:
+    """How many stop signals came so far (:func:`check` looks only at those after it)."""
+    return len(_received)
+
+
+def check(since: int = 0) -> None:
+    """Raise :class:`Stopped` if a stop signal came after ``since`` (a :func:`mark`) but its
+    exception was swallowed on its way, or it came while a signal was already noted."""
+    if len(_received) > since:
+        raise Stopped(_received[since])
+
+
+def install(fresh: bool = False) -> None:
+    """Ctrl-C, SIGTERM and SIGHUP raise :class:`Stopped` (main thread only; a no-op elsewhere).
+
+    ``fresh`` forgets a signal received before (each ``autotune`` command starts fresh, even
+    when several run in one process, as in the tests).
+    """
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         return
+    if fresh:
+        _received.clear()
     for s in SIGNALS:
         signal.signal(s, _again if _received else _stop)

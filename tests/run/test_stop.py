@@ -1,0 +1,74 @@
+"""The stop signals' one path (autotune.run.stop), in this process: a Ctrl-C whose
+``KeyboardInterrupt`` a library swallows is still kept, and the driver's next turn stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from autotune.run import stop
+
+
+@pytest.fixture
+def handlers():
+    saved = {s: signal.getsignal(s) for s in stop.SIGNALS}
+    yield
+    for s, h in saved.items():
+        signal.signal(s, h)
+    stop._received.clear()
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_swallowed_stop_is_raised_again_by_check(handlers, sig, code):
+    stop.install(fresh=True)
+    stop.check()  # nothing received: no stop
+    try:  # a library that catches KeyboardInterrupt and goes on
+        os.kill(os.getpid(), sig)
+        for _ in range(1000):  # the handler runs between bytecodes
+            pass
+        raise AssertionError("the signal raised nothing")
+    except KeyboardInterrupt as e:
+        assert isinstance(e, stop.Stopped) and e.signum == sig
+    with pytest.raises(stop.Stopped) as info:
+        stop.check()
+    assert info.value.signum == sig
+    assert stop.exit_code(info.value) == code and stop.name() == signal.Signals(sig).name
+
+
+def test_a_second_signal_is_noted_not_raised_and_fresh_forgets(handlers, capsys):
+    stop.install(fresh=True)
+    with pytest.raises(stop.Stopped):
+        os.kill(os.getpid(), signal.SIGINT)
+        for _ in range(1000):
+            pass
+    os.kill(os.getpid(), signal.SIGINT)  # already stopping: the exports must get written
+    for _ in range(1000):
+        pass
+    assert "already stopping" in capsys.readouterr().err
+    stop.install()  # the driver's second install (after ray.init) keeps the stop
+    assert stop.received() == signal.SIGINT
+    stop.install(fresh=True)  # the next command in this process starts fresh
+    assert stop.received() is None
+    stop.check()
+
+
+def test_check_looks_only_after_its_mark(handlers):
+    """A driver run in a process that was stopped before (the tests, a notebook) is not
+    stopped by that old signal, but by one that comes during its own run, even when the
+    handler left from the first stop only notes it."""
+    stop.install(fresh=True)
+    with pytest.raises(stop.Stopped):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+    since = stop.mark()
+    stop.install()
+    stop.check(since)  # the old stop is not this run's
+    os.kill(os.getpid(), signal.SIGINT)  # noted by the handler the first stop left
+    for _ in range(1000):
+        pass
+    with pytest.raises(stop.Stopped) as info:
+        stop.check(since)
+    assert info.value.signum == signal.SIGINT
