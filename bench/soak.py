@@ -5,18 +5,18 @@ GPU leases are taken), ``--trials`` configurations enqueued up front, about 30% 
 faulty: crash, hang past the trial timeout, OOM, NaN metrics, garbage output, a slow start
 and a child process that ignores SIGTERM. The driver is stopped at random moments and
 started again (the same command resumes the study): SIGKILLed ``--kills`` times, sent
-SIGTERM ``--sigterms`` times (a clean stop, exit 143); in the first run one Ray worker is
+SIGTERM ``--sigterms`` times (a clean stop, exit 143), Ctrl-C ``--sigints`` times (exit 130); in the first run one Ray worker is
 SIGKILLed mid-trial; in the last, a second driver of the study (``--rivals``) must be refused.
 
 At the end it reads Optuna's storage (the truth), the MLflow store and /proc, and prints:
 trials requested / measured / lost (a requested configuration with no finished,
 non-interrupted trial), duplicates, RUNNING or WAITING left in Optuna, MLflow child runs vs
 Optuna trials, processes left behind (descendants of every driver, the trials' process
-groups, anything naming the study's paths), GPU leases held, SIGTERM exit codes, the second
+groups, anything naming the study's paths), GPU leases held, SIGTERM and Ctrl-C exit codes, the second
 driver's answer, native stack dumps, wall time. Exit 0 when all hold: 0 lost, 0 RUNNING,
-MLflow = Optuna, 0 processes and leases left, SIGTERM = 143, rival refused, no stack dump.
+MLflow = Optuna, 0 processes and leases left, SIGTERM = 143, Ctrl-C = 130, rival refused, no stack dump.
 
-Run: ``python bench/soak.py [--trials 200] [--kills 5] [--sigterms 2] [--json OUT.json]``
+Run: ``python bench/soak.py [--trials 200] [--kills 5] [--sigterms 2] [--sigints 1] [--json OUT.json]``
 (about 5-8 minutes on 2 cores; ``--smoke`` is the test suite's short version).
 """
 
@@ -39,6 +39,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ("crash", "hang", "oom", "nan", "garbage", "slow", "stubborn")
+CLEAN = {signal.SIGTERM: 143, signal.SIGINT: 130}  # the stops that export first, and their exit codes
 GRACE_S = 60.0  # leftovers are polled this long (watchdogs notice a dead parent in 0.5 s; SIGTERM grace is 5 s)
 SLOW_S = 3.0  # a slow start, still inside the trial timeout
 
@@ -175,10 +176,10 @@ def run_driver(work: Path, kill_after: float | None, kill_ray_worker: bool, seen
         due = kill_starts is not None and new_starts >= kill_starts
         if kill_after is not None and (elapsed > kill_after or due):
             seen |= descendants(proc.pid)
-            if stop == signal.SIGTERM:  # a clean stop: trials interrupted, exports written
-                proc.send_signal(signal.SIGTERM)
+            if stop in CLEAN:  # a clean stop: trials interrupted, exports written
+                proc.send_signal(stop)
                 code = proc.wait(timeout=300)
-                print(f"  SIGTERMed the driver at {elapsed:.1f} s: exit {code}", flush=True)
+                print(f"  sent {stop.name} to the driver at {elapsed:.1f} s: exit {code}", flush=True)
                 return code, worker_killed, None
             proc.kill()
             proc.wait()
@@ -299,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=200)
     ap.add_argument("--kills", type=int, default=5, help="driver SIGKILLs")
     ap.add_argument("--sigterms", type=int, default=2, help="driver SIGTERMs (each must exit 143)")
+    ap.add_argument("--sigints", type=int, default=1, help="driver Ctrl-Cs, SIGINT (each must exit 130)")
     ap.add_argument("--rivals", type=int, default=1, choices=(0, 1),
                     help="start a second driver of the study during the last run (must be refused)")
     ap.add_argument("--slots", type=int, default=4)
@@ -315,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.smoke:  # the SIGTERM first, with 40 trials: on a quiet box 16 ended before it came
         args.trials, args.kills, args.kill_window = 40, 1, (2.0, 6.0)
-        args.sigterms = min(args.sigterms, 1)
+        args.sigterms, args.sigints = min(args.sigterms, 1), 0
     rng = random.Random(args.seed)
     random.seed(args.seed)
     t0 = time.time()
@@ -325,8 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     items = plan(args.trials, args.faulty, args.seed)
     write_preset(work, args, items)
     seen: set[tuple[int, int]] = set()
-    kills, codes, worker_killed, term_codes, rival = 0, [], False, [], None
-    stops = [signal.SIGKILL] * args.kills + [signal.SIGTERM] * args.sigterms
+    kills, codes, worker_killed, rival = 0, [], False, None
+    clean: dict[signal.Signals, list[int]] = {s: [] for s in CLEAN}  # exit codes of the clean stops
+    stops = [signal.SIGKILL] * args.kills + [signal.SIGTERM] * args.sigterms + [signal.SIGINT] * args.sigints
     if args.smoke:
         stops.sort(key=lambda s: s != signal.SIGTERM)
     else:
@@ -348,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
             if code is None:
                 kills += 1
                 continue
-            if stop == signal.SIGTERM and code != 0:  # 0: the study ended before the signal
-                term_codes.append(code)
+            if stop in CLEAN and code != 0:  # 0: the study ended before the signal
+                clean[stop].append(code)
                 continue
             codes.append(code)
             break
@@ -371,14 +374,15 @@ def main(argv: list[str] | None = None) -> int:
     res.update(kills=kills, ray_worker_killed=worker_killed, final_exit=codes[-1] if codes else None,
                processes_left={k: len(v) for k, v in left.items()}, leases_held=len(held),
                wall_s=round(wall, 1), faulty_planned=sum(len(i) > 2 or "duration_s" in i for i in items),
-               sigterm_exits=term_codes, stack_dumps=dumps,
+               sigterm_exits=clean[signal.SIGTERM], sigint_exits=clean[signal.SIGINT], stack_dumps=dumps,
                rival_exit=rival[0] if rival else None, rival_line=rival[1] if rival else None)
     rival_ok = args.rivals == 0 or (rival is not None and rival[0] == 2 and f"pid {rival[2]}" in rival[1])
     res["rival_refused"] = rival_ok
     ok = (res["lost"] == 0 and res["running"] == 0 and res["mlflow_missing"] == 0
           and res["mlflow_extra"] == 0 and not any(res["processes_left"].values())
           and res["leases_held"] == 0 and res["final_exit"] == 0
-          and (args.sigterms == 0 or bool(term_codes)) and all(c == 143 for c in term_codes)
+          and all((n == 0 or bool(clean[s])) and all(c == CLEAN[s] for c in clean[s])
+                  for s, n in ((signal.SIGTERM, args.sigterms), (signal.SIGINT, args.sigints)))
           and dumps == 0 and rival_ok and kills == args.kills)
     res["ok"] = ok
     rows = [
@@ -392,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
          f"extra {res['mlflow_extra']})"),
         ("MLflow parent runs (status)", f"{res['mlflow_parents']} ({res['parent_status']})"),
         ("driver SIGKILLs / Ray worker killed", f"{kills} / {worker_killed}"),
-        ("driver SIGTERMs (exit codes; 143 expected)", f"{len(term_codes)} ({term_codes})"),
+        ("driver SIGTERMs (exit codes; 143 expected)", f"{len(clean[signal.SIGTERM])} ({clean[signal.SIGTERM]})"),
+        ("driver Ctrl-Cs (exit codes; 130 expected)", f"{len(clean[signal.SIGINT])} ({clean[signal.SIGINT]})"),
         ("native stack dumps in the drivers' log", dumps),
         ("second driver beside the last run",
          "not started" if args.rivals == 0 else
