@@ -28,6 +28,7 @@ sampling over the physics-launchable configurations.
 
     python bench/efficiency.py --fast --first-seed 100 --seeds 20 --jobs 1     # report set
     python bench/efficiency.py --fast --tune                                   # tune set
+    python bench/efficiency.py --fast --tune --variant bo2025     # tune set, the old default bo
     python bench/efficiency.py --surfaces vllm_h100 --methods default,random --modes none \
         --first-seed 100 --seeds 2 --jobs 1                                    # real CLI
     python bench/efficiency.py --smoke                 # seconds: in-process random on the truths
@@ -46,6 +47,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +78,15 @@ METHODS = {  # name -> overrides on top of the preset (the preset leaves the def
     "tpe_pareto": ["study.sampler=tpe", "study.search=pareto"],
     "gp": ["study.sampler=gp"],  # Optuna's GPSampler after the design (the default before bo)
     "grid": ["study.sampler=grid"],
+}
+# --variant NAME: a sampler variant A/B'd in the fast mode (module attributes of
+# autotune.search.bo set before the studies run; the product's defaults are untouched). Rows are
+# labelled METHOD:NAME. bench/results/robust.txt holds what these and the variants tried and
+# dropped (a smaller startup without a prior, a trust region, the bound as a GP input) gave.
+VARIANTS: dict[str, dict[str, dict[str, object]]] = {
+    "bo2025": {"bo": {"LENGTH_SCALE_MIN": 0.05}},  # the default before issue 23's item 2
+    "ls02": {"bo": {"LENGTH_SCALE_MIN": 0.2}},
+    "ls04": {"bo": {"LENGTH_SCALE_MIN": 0.4}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -322,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="studies run in parallel")
     ap.add_argument("--fast", action="store_true",
                     help="in-process studies through the real driver loop and sampler (no Ray, MLflow)")
+    ap.add_argument("--variant", default="", choices=["", *VARIANTS],
+                    help="fast mode: a sampler variant (VARIANTS); rows are labelled METHOD:VARIANT")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 8 trials")
     ap.add_argument("--out", default=None, help="where CLI studies go (default: a temp dir, removed)")
     ap.add_argument("--results", default=str(RESULTS / "efficiency"), help="results path without suffix")
@@ -360,6 +373,17 @@ def main(argv: list[str] | None = None) -> int:
         if m not in MODES:
             ap.error(f"--modes: unknown {m!r}; choose from {', '.join(MODES)}")
     truths = {s: load(s) for s in surfaces}
+    if args.variant:
+        if not args.fast:
+            ap.error("--variant: only with --fast (the CLI runs the product's defaults)")
+        import importlib
+
+        for mod, attrs in VARIANTS[args.variant].items():
+            module = importlib.import_module(f"autotune.search.{mod}")
+            for k, v in attrs.items():
+                if not hasattr(module, k):  # a knob the sampler no longer has: no silent no-op
+                    ap.error(f"--variant {args.variant}: autotune.search.{mod} has no {k}")
+                setattr(module, k, v)
     import tempfile
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="autotune-eff-"))
@@ -371,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     def one(job: tuple) -> Run:
         t, m, mode, seed = job
         run = run_fast(t, m, mode, seed, args.trials) if args.fast else run_study(t, m, mode, seed, args.trials, out)
+        if args.variant:
+            run = replace(run, method=f"{m}:{args.variant}")
         if stream:
             with stream.open("a") as f:
                 f.write(json.dumps(asdict(run)) + "\n")

@@ -8,8 +8,8 @@ every configuration of the space (a random sample of a continuous or huge one) t
 the rules, the engine's check and its pre-launch fit prediction, less what was already
 proposed. It never proposes a configuration the driver would refuse.
 
-The model is scikit-learn's Gaussian process (Matern 5/2, one length scale per feature,
-fitted noise), one per quantity:
+The model is scikit-learn's Gaussian process (Matern 5/2, one length scale per feature, none
+below ``LENGTH_SCALE_MIN`` of the feature's range, fitted noise), one per quantity:
 
 * the objective, on a log scale when it is a positive speed. When the engine predicts a
   decode-speed bound for every configuration (:mod:`autotune.engines.predict`) and the objective is
@@ -71,6 +71,16 @@ REFIT_EVERY = 5
 # seeds of bench/slots.py the three tied within a trial or two (bench/results/slots.txt);
 # fantasies are kept as the one that accounts for what the trials in flight may return.
 BATCH = "fantasy"
+# The GPs' length scales are bounded below by LENGTH_SCALE_MIN of a feature's range (issue 23).
+# With ~15 measurements a free fit may explain a zigzag (timing noise, a crash or constraint
+# edge) by a scale of 0.05, and then a configuration one step from anything measured is as
+# unknown as one far away. Tune set (bench/efficiency.py --fast --tune: seeds 0-9 of exl2_70b,
+# llamacpp_7b, vllm_h100 x none/physics/misleading), studies at 95% of the optimum by trial 20
+# for a floor of 0.05 (before) / 0.2 / 0.4: 53/90, 57/90, 57/90; on exl2_70b's seeds 10-19 (a
+# check outside both sets) 26/30, 25/30, 25/30: a small gain, not a sure one. 0.4 narrows the
+# parallel proposals' spread (tests/search/test_bo_batch.py); 0.2 does not. Report-set figures
+# and every variant tried: bench/results/robust.txt.
+LENGTH_SCALE_MIN = 0.2
 
 
 @dataclass
@@ -145,8 +155,8 @@ class _GP:
         cold = kernel is None
         if cold:
             kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
-                length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(0.05, 20.0), nu=2.5
-            ) + WhiteKernel(1e-2, (1e-5, 0.5))
+                length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(LENGTH_SCALE_MIN, 20.0),
+                nu=2.5) + WhiteKernel(1e-2, (1e-5, 0.5))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a length scale at its bound is fine here
             self.fitted = GaussianProcessRegressor(

@@ -15,6 +15,9 @@ import pytest
 
 from autotune.config.schema import load_config
 from autotune.record import study as studylib
+from autotune.search.batch import length_scale
+from autotune.search.bo import _GP
+from autotune.search.bo import LENGTH_SCALE_MIN
 from autotune.search.bo import PoolSampler
 from autotune.search.bo import build_pool
 from autotune.search.bo import candidate_rows
@@ -200,3 +203,19 @@ def test_the_subsets_keep_the_best_and_respect_their_caps():
     assert int(np.argmax(bound[free])) in pos  # the highest-predicted free configuration
     near = int(np.argmin(np.abs(X[free] - X[1]).sum(axis=1)))
     assert near in pos  # the nearest free neighbour of a best measured row
+
+
+def test_a_few_zigzag_measurements_do_not_shrink_the_length_scales_below_the_floor():
+    """Ten measurements alternating up and down along one knob (what timing noise or a
+    crash edge looks like early in a study): fitted freely, the GP explains them with a length
+    scale of 0.05 of the knob's range (the old floor) and then knows nothing between two
+    measured values; the floor (LENGTH_SCALE_MIN, 0.2 of a feature's range: bo.py and
+    bench/results/robust.txt) keeps neighbouring configurations correlated."""
+    assert LENGTH_SCALE_MIN >= 0.2
+    x = np.linspace(0.0, 1.0, 10)
+    X = np.column_stack([x, np.zeros(10)])
+    y = np.where(np.arange(10) % 2 == 0, 1.0, 0.0) + 0.5 * x
+    gp = _GP(X, y, 0, X[:0])
+    scales = length_scale(gp.fitted.kernel_, 2)
+    assert scales.min() >= LENGTH_SCALE_MIN - 1e-9
+    assert scales[0] < 0.5  # the zigzag knob's scale sits at (or near) the floor, not far above
