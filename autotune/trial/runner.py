@@ -21,6 +21,7 @@ from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 
 KILL_GRACE_S = 5.0
+GUARD = Path(__file__).with_name("guard.py")  # the trial group's first process
 
 
 def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
@@ -58,7 +59,8 @@ def stop_process(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
 
 
 def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> TrialResult:
-    """Run ``spec`` in ``python -m autotune.trial.worker`` and return its result."""
+    """Run ``spec`` in ``python -m autotune.trial.worker`` (under :mod:`autotune.trial.guard`,
+    in a new process group) and return its result."""
     workdir = Path(spec.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     spec_path = workdir / "spec.json"
@@ -66,7 +68,8 @@ def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> Tr
     log_path = workdir / "trial.log"
     result_path.unlink(missing_ok=True)
     write_atomic(spec_path, spec.to_json())
-    argv = [sys.executable, "-m", "autotune.trial.worker", str(spec_path), str(result_path)]
+    # -I -S: the guard needs only the standard library (it starts in milliseconds)
+    argv = [sys.executable, "-I", "-S", str(GUARD), str(spec_path), str(result_path)]
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

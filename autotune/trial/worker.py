@@ -1,8 +1,9 @@
 """The trial worker process: ``python -m autotune.trial.worker SPEC.json RESULT.json``.
 
 This is the only place engines are loaded. It runs one spec, writes one result file, and
-dies with its parent: a watchdog kills the whole process group if the parent goes away or
-the trial outlives its timeout, so no engine or server outlives its trial.
+dies with its parent (:mod:`autotune.trial.guard`): a watchdog kills the whole process group
+if the parent goes away or the trial outlives its timeout, so no engine or server outlives
+its trial.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # os._exit: skip interpreter teardown (llama.cpp / torch atexit hooks can hang).
     code = main()
-    if os.getpgrp() == os.getpid():  # our own group (the runner's start_new_session)
+    if os.getpgrp() in (os.getpid(), os.getppid()):  # the trial's group (autotune.trial.guard's)
         # The result is written: take the engine's leftovers (a child ignoring SIGTERM) with
         # us now, so none survives if the runner dies before its own kill_group (bench/soak.py).
         os.killpg(os.getpgrp(), signal.SIGKILL)

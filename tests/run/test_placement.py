@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-import time
+from pathlib import Path
 
 import pytest
 
@@ -100,12 +100,14 @@ def test_killed_ray_worker_fails_only_its_trial(local_ray, tmp_path):
     # three distinct short trials (a repeated configuration would not be launched again)
     enqueue = [{"duration_s": 30.0, "gpus": 2}] + [{"duration_s": 1.5, "x": x} for x in (0.1, 0.2, 0.3)]
     cfg, space = fake_config(tmp_path, ["study.n_trials=5"], space=space, enqueue=enqueue)
-    died: dict[int, float] = {}
+    died: dict[int, int] = {}  # trial -> the Ray worker killed
 
     def kill_worker(ev):
-        os.kill(ev["ppid"], signal.SIGKILL)  # the Ray worker: parent of the trial subprocess
-        assert wait_gone([ev["pid"]], 10, poll_s=0.01) == [], "the trial outlived its Ray worker"
-        died[int(ev["trial"])] = time.time()
+        # the Ray worker: parent of the trial's guard (autotune.trial.guard), the worker's parent
+        ray_worker = int(Path(f"/proc/{ev['ppid']}/stat").read_text().rpartition(")")[2].split()[1])
+        os.kill(ray_worker, signal.SIGKILL)
+        assert wait_gone([ev["pid"], ev["ppid"]], 10, poll_s=0.01) == [], "the trial outlived its Ray worker"
+        died[int(ev["trial"])] = ray_worker
 
     killer = WhenStarted(str(tmp_path / "records"), lambda ev: ev["params"]["duration_s"] == 30.0,
                          kill_worker)
@@ -119,7 +121,7 @@ def test_killed_ray_worker_fails_only_its_trial(local_ray, tmp_path):
     assert recs[victim].status == "failed"
     assert "Ray task lost" in recs[victim].reason, recs[victim].reason
     assert all(r.status == "ok" for n, r in recs.items() if n != victim), log
-    assert victim in died and not process_alive(killer.event["ppid"])
+    assert victim in died and not process_alive(died[victim]) and not process_alive(killer.event["ppid"])
     events = trial_events(cfg)
     assert "end" not in events[victim]
     assert wait_gone([ev["start"]["pid"] for ev in events.values()]) == []
