@@ -19,6 +19,30 @@ os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The files that take longest (real studies, engine servers, benches' smoke runs; from
+# `--durations` of a clean-clone run), longest first. A stale list only costs time.
+LONG_FILES = (
+    "tests/cli/test_e2e.py", "tests/test_soak.py", "tests/test_bench_efficiency.py",
+    "tests/engines/test_contract.py", "tests/run/test_signals.py", "tests/engines/test_llama_server.py",
+    "tests/cli/test_init.py", "tests/search/test_pareto.py", "tests/engines/test_command.py",
+    "tests/cli/test_commands.py", "tests/test_benches.py", "tests/test_wheel.py",
+    "tests/engines/test_exports_run.py", "tests/record/test_resume.py", "tests/engines/test_llamacpp.py",
+    "tests/engines/test_vllm.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long files first, then the others by their number of slow tests: with the workers
+    handed one file at a time (``--dist loadfile``), the long ones start early and the quick
+    ones fill the gaps, instead of one long file running alone at the end."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.location[0]] = slow.get(item.location[0], 0) + int(item.get_closest_marker("slow") is not None)
+    rank = {f: i for i, f in enumerate(LONG_FILES)}
+    # stable: the order within a file is kept
+    items.sort(key=lambda item: (rank.get(item.location[0], len(rank)), -slow[item.location[0]]))
+
+
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """``autotune ARGS`` as a real subprocess (no shell), text output captured."""
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "200", **(env or {})}

@@ -68,6 +68,8 @@ def test_sim_oom_exits_1_with_the_engine_message():
 
 @pytest.mark.slow
 def test_quick_bench_through_the_real_cli(tmp_path):
+    """The bench's real-CLI path (default and random, one seed); the same seed in-process
+    (``--fast``) gives the same trials, so the same curve."""
     res = tmp_path / "eff"
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "efficiency.py"), "--quick",
                           "--results", str(res), "--out", str(tmp_path / "studies")],
@@ -81,6 +83,13 @@ def test_quick_bench_through_the_real_cli(tmp_path):
     assert "trials to 95%" in res.with_suffix(".txt").read_text()
     studies = tmp_path / "studies" / "cpu_7b" / "physics" / "default" / "s100"
     assert (studies / "summary.json").exists() and (studies / "trials" / "0000" / "command.stdout").exists()
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    truth = load("cpu_7b")
+    for run in data["runs"]:
+        fast = efficiency.run_fast(truth, run["method"], run["mode"], run["seed"], 8)
+        assert fast.rc == 0 and list(fast.curve) == run["curve"], (run["method"], fast.error)
 
 
 @pytest.mark.parametrize("bench", ["efficiency.py", "sampler_cost.py"])
@@ -198,17 +207,3 @@ def test_fast_mode_runs_the_real_driver_loop_in_process():
     again = efficiency.run_fast(truth, "default", "misleading", 100, 5)
     assert again.curve == run.curve  # seeded: the same study twice
     assert efficiency.Run("exl2_70b", "random", 3, 0, 0.0, (), None).set == "tune"
-
-
-@pytest.mark.slow
-def test_fast_mode_matches_the_cli_on_the_same_seed(tmp_path):
-    """The same seed through the CLI and in-process: the same trials, so the same curve."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    import efficiency
-
-    truth = load("cpu_7b")
-    for method in ("default", "random"):
-        cli = efficiency.run_study(truth, method, "none", 100, 8, tmp_path)
-        fast = efficiency.run_fast(truth, method, "none", 100, 8)
-        assert cli.rc == 0, cli.error
-        assert fast.curve == cli.curve
