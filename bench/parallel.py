@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="atbench") as tmp:
         for slots in args.slots:
-            ray.init(num_cpus=max(8, 2 * slots), num_gpus=slots, include_dashboard=False,
+            ray.init(address="local", num_cpus=max(8, 2 * slots), num_gpus=slots, include_dashboard=False,
                      log_to_driver=False, logging_level="ERROR")
             try:
                 n = args.per_slot * slots

@@ -68,7 +68,7 @@ def local_ray():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=8, num_gpus=4, **RAY_INIT)
+    ray.init(address="local", num_cpus=8, num_gpus=4, **RAY_INIT)  # never a head another test started
     yield ray
     ray.shutdown()
 

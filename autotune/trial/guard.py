@@ -9,7 +9,8 @@ on by default). Were the direct child the trial worker, it would die before its 
 could act, and what it started (an engine's server, a child ignoring SIGTERM) would be left
 running. Now the direct child is this guard: the worker's watchdog sees its parent go and
 kills the whole group. If the runner dies while the guard lives (a SIGKILLed Ray worker), the
-guard sees it and kills the group itself.
+guard sees it and kills the group itself. When the worker ends first (a timeout's SIGTERM, a
+crash), the guard stays until the rest of the group is gone, and kills it after a grace.
 """
 
 from __future__ import annotations
@@ -18,8 +19,26 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 POLL_S = 0.5
+GRACE_S = 5.0  # as the runner's KILL_GRACE_S
+
+
+def _others() -> list[int]:
+    """The live processes of this process group other than this one (read from /proc)."""
+    me, group, out = os.getpid(), os.getpgrp(), []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == group:
+            out.append(int(name))
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -34,8 +53,16 @@ def main(argv: list[str]) -> int:
         except subprocess.TimeoutExpired:
             if os.getppid() != parent:  # the runner is gone: nobody else will stop the trial
                 os.killpg(os.getpgrp(), signal.SIGKILL)
-    if os.getppid() != parent:
-        os.killpg(os.getpgrp(), signal.SIGKILL)
+    # The worker is gone but what it started may linger (a server still shutting down, a child
+    # ignoring SIGTERM): give it the runner's grace, then kill it; at once if the runner went.
+    deadline = time.monotonic() + GRACE_S
+    while _others() and os.getppid() == parent and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in _others():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     if rc < 0:  # killed by a signal: die of the same one, so the runner can name it
         signal.signal(-rc, signal.SIG_DFL)
         os.kill(os.getpid(), -rc)
