@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import pytest
 
 from autotune.engines.fake import FakeEngine
+from tests.helpers.procs import parent
 from tests.helpers.procs import process_alive
 from tests.helpers.ray_cluster import WhenStarted
 from tests.helpers.ray_cluster import fake_config
@@ -104,7 +104,7 @@ def test_killed_ray_worker_fails_only_its_trial(local_ray, tmp_path):
 
     def kill_worker(ev):
         # the Ray worker: parent of the trial's guard (autotune.trial.guard), the worker's parent
-        ray_worker = int(Path(f"/proc/{ev['ppid']}/stat").read_text().rpartition(")")[2].split()[1])
+        ray_worker = parent(ev["ppid"])
         os.kill(ray_worker, signal.SIGKILL)
         assert wait_gone([ev["pid"], ev["ppid"]], 10, poll_s=0.01) == [], "the trial outlived its Ray worker"
         died[int(ev["trial"])] = ray_worker

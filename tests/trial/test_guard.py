@@ -14,30 +14,19 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from autotune.engines.fake import read_records
 from autotune.trial import TrialSpec
+from tests.helpers.procs import children
+from tests.helpers.procs import group_members
 from tests.helpers.procs import process_alive
 
 pytestmark = pytest.mark.slow
 
 RUNNER = ("import sys; from pathlib import Path; from autotune.trial import TrialSpec, run_trial; "
           "run_trial(TrialSpec.from_json(Path(sys.argv[1]).read_text()))")
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            stat = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(stat[1]) == pid and stat[0] != "Z":
-            out.append(int(entry.name))
-    return out
 
 
 def _wait(cond, timeout_s: float) -> bool:
@@ -64,23 +53,15 @@ def test_killing_the_runner_or_its_child_stops_the_whole_trial(tmp_path, victim)
         assert _wait(lambda: any(r.get("event") == "child" for r in read_records(records)), 60), \
             "the fake engine never started its child"
         child = next(r["child_pid"] for r in read_records(records) if r.get("event") == "child")
-        (guard,) = _children(runner.pid)
+        (guard,) = children(runner.pid)
         pgid = os.getpgid(guard)
         # Ray's KillChildProcs SIGKILLs the direct child; a SIGKILLed Ray worker is the runner
         os.kill(guard if victim == "guard" else runner.pid, signal.SIGKILL)
         assert _wait(lambda: not process_alive(child), 5), f"the SIGTERM-ignoring child {child} outlived it"
-        left = [p for p in map(int, (e.name for e in Path("/proc").glob("[0-9]*")))
-                if process_alive(p) and _pgid(p) == pgid]
-        assert left == [], left
+        assert group_members(pgid) == []
     finally:
         runner.kill()
         runner.wait()
         if child is not None and process_alive(child):
             os.kill(child, signal.SIGKILL)
 
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
