@@ -68,14 +68,22 @@ def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> Tr
     log_path = workdir / "trial.log"
     result_path.unlink(missing_ok=True)
     write_atomic(spec_path, spec.to_json())
+    # The guard sees EOF on `alive` when this process dies, however it dies (it never gets `tell`).
+    alive, tell = os.pipe()
     # -I -S: the guard needs only the standard library (it starts in milliseconds)
-    argv = [sys.executable, "-I", "-S", str(GUARD), str(spec_path), str(result_path)]
+    argv = [sys.executable, "-I", "-S", str(GUARD), str(alive), str(spec_path), str(result_path)]
     t0 = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=os.environ.copy(), pass_fds=tuple(pass_fds),
-        )
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True, env=os.environ.copy(), pass_fds=(alive, *pass_fds),
+            )
+        except BaseException:
+            os.close(tell)
+            raise
+        finally:
+            os.close(alive)
         try:
             rc = proc.wait(timeout=spec.timeout_s)
             timed_out = False
@@ -85,6 +93,7 @@ def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> Tr
         finally:
             kill_group(proc.pid, grace_s=KILL_GRACE_S if proc.poll() is None else 0.5)
             proc.wait()
+            os.close(tell)
     duration = time.monotonic() - t0
     node = platform.node()
     if timed_out:

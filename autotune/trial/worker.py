@@ -1,9 +1,9 @@
 """The trial worker process: ``python -m autotune.trial.worker SPEC.json RESULT.json``.
 
 This is the only place engines are loaded. It runs one spec, writes one result file, and
-dies with its parent (:mod:`autotune.trial.guard`): a watchdog kills the whole process group
-if the parent goes away or the trial outlives its timeout, so no engine or server outlives
-its trial.
+dies with its guard (:mod:`autotune.trial.guard`): a watchdog kills the whole process group
+if the guard goes away (checked from the start, against the pid the guard passed) or the
+trial outlives its timeout, so no engine or server outlives its trial.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from autotune.engines.base import get_engine_class
 from autotune.errors import InfeasibleConfig
 from autotune.measure.quality import load_text
 from autotune.measure.quality import save_reference
+from autotune.trial.guard import GUARD_ENV
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 
 
-def _watchdog(timeout_s: float) -> None:
-    parent = os.getppid()
+def _watchdog(timeout_s: float, parent: int) -> None:
     deadline = time.monotonic() + timeout_s + 10
-    while True:
-        time.sleep(0.5)
+    while True:  # checked before the first sleep: the guard may have gone while this started
         if os.getppid() != parent or time.monotonic() > deadline:
             os.killpg(os.getpgrp(), signal.SIGKILL)
+        time.sleep(0.5)
 
 
 def execute(spec: TrialSpec) -> TrialResult:
@@ -68,10 +68,11 @@ def execute(spec: TrialSpec) -> TrialResult:
             traceback.print_exc()
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, guard: int | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     spec = TrialSpec.from_json(Path(argv[0]).read_text())
-    threading.Thread(target=_watchdog, args=(spec.timeout_s,), daemon=True).start()
+    parent = os.getppid() if guard is None else guard
+    threading.Thread(target=_watchdog, args=(spec.timeout_s, parent), daemon=True).start()
     result = execute(spec)
     write_atomic(argv[1], result.to_json())
     sys.stdout.flush()
@@ -81,8 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     # os._exit: skip interpreter teardown (llama.cpp / torch atexit hooks can hang).
-    code = main()
-    if os.getpgrp() in (os.getpid(), os.getppid()):  # the trial's group (autotune.trial.guard's)
+    guard = os.environ.pop(GUARD_ENV, None)  # set by autotune.trial.guard; engines never see it
+    code = main(guard=None if guard is None else int(guard))
+    if guard is not None:  # in the trial's group (started by autotune.trial.guard)
         # The result is written: take the engine's leftovers (a child ignoring SIGTERM) with
         # us now, so none survives if the runner dies before its own kill_group (bench/soak.py).
         os.killpg(os.getpgrp(), signal.SIGKILL)

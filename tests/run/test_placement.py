@@ -103,8 +103,8 @@ def test_killed_ray_worker_fails_only_its_trial(local_ray, tmp_path):
     died: dict[int, int] = {}  # trial -> the Ray worker killed
 
     def kill_worker(ev):
-        # the Ray worker: parent of the trial's guard (autotune.trial.guard), the worker's parent
-        ray_worker = parent(ev["ppid"])
+        # the Ray worker: parent of the guard's stub, the guard's parent (autotune.trial.guard)
+        ray_worker = parent(parent(ev["ppid"]))
         os.kill(ray_worker, signal.SIGKILL)
         assert wait_gone([ev["pid"], ev["ppid"]], 10, poll_s=0.01) == [], "the trial outlived its Ray worker"
         died[int(ev["trial"])] = ray_worker
