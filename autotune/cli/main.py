@@ -127,15 +127,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             if note:
                 reporter.note(note)
         tracker = Tracker(cfg) if cfg.tracking.enabled else None
-        placement = Placement(cfg.ray)
-        driver = Driver(cfg, space, placement, tracker, reporter, seeds=seeds,
-                        fork_of=source.study.name if source else None)
+        placement = None
         try:
+            placement = Placement(cfg.ray)  # a SIGTERM during Ray's start-up: Stopped (run.stop)
+            driver = Driver(cfg, space, placement, tracker, reporter, seeds=seeds,
+                            fork_of=source.study.name if source else None)
             stop.check()  # a Ctrl-C that Ray's start-up swallowed
             summary = driver.run()
         finally:
             reporter.close()
-            placement.shutdown()
+            if placement is not None:
+                placement.shutdown()
             stop.install()  # ray.shutdown leaves SIGTERM at its default: a stop now still exports
             running.unlink(missing_ok=True)
         after_run(cfg, reporter)

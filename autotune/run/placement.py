@@ -15,6 +15,7 @@ from typing import Any
 import ray
 
 from autotune.hardware import cpu_count
+from autotune.run import stop
 from autotune.run.cluster import LEASE_DIR
 from autotune.run.cluster import gpu_lease
 from autotune.trial.runner import run_trial
@@ -57,12 +58,13 @@ class Placement:
                                       "logging_level": logging.WARNING}
             if cfg.runtime_env:
                 kwargs["runtime_env"] = cfg.runtime_env
-            if cfg.address:
-                ray.init(address=cfg.address, **kwargs)
-            else:
-                # address="local": always a fresh embedded instance, never a head found on this box
-                ray.init(address="local", num_cpus=cfg.num_cpus or cpu_count(), num_gpus=cfg.num_gpus,
-                         resources=cfg.resources or None, **kwargs)
+            with stop.ray_start():  # a SIGTERM during Ray's start-up stops the study as ours do
+                if cfg.address:
+                    ray.init(address=cfg.address, **kwargs)
+                else:
+                    # address="local": always a fresh embedded instance, never a head found on this box
+                    ray.init(address="local", num_cpus=cfg.num_cpus or cpu_count(),
+                             num_gpus=cfg.num_gpus, resources=cfg.resources or None, **kwargs)
             self.owns_ray = True
         # max_calls=0: reuse Ray workers across trials (each trial runs in its own subprocess,
         # so a worker holds no GPU memory; Ray's default for GPU tasks is a new process each)

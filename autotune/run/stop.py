@@ -6,9 +6,10 @@ in the main thread, so they take one path: the driver stops the trials in flight
 marks them interrupted, writes the exports and the summary, and ``autotune run`` exits
 with ``128 + signal`` (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; :func:`exit_code`).
 
-``ray.init`` installs its own SIGTERM handler (``sys.exit``) and Ray's core worker a native
-one that dumps a stack and aborts (exit 134), so the driver calls :func:`install` again
-once Ray is up. While the stop is under way, further signals are noted and ignored, so the
+``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``) and Ray's core worker a
+native one that dumps a stack and aborts (exit 134), so the driver calls :func:`install` again
+once Ray is up, and :func:`ray_start` turns a SIGTERM that came during ``ray.init`` into the
+same stop (exit 143, not 15). While the stop is under way, further signals are noted and ignored, so the
 exports get written; SIGKILL still ends it at once.
 
 The signal is also kept (:func:`received`): a library that catches ``KeyboardInterrupt``
@@ -18,8 +19,10 @@ the driver calls :func:`check` on every turn of its loop.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
+from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -94,3 +97,23 @@ def install(fresh: bool = False) -> None:
         _received.clear()
     for s in SIGNALS:
         signal.signal(s, _again if _received else _stop)
+
+
+@contextlib.contextmanager
+def ray_start() -> Iterator[None]:
+    """Around ``ray.init``: its own SIGTERM handler (``sys.exit(signum)``) pre-empts ours from
+    its first line, so a SIGTERM during Ray's start-up ends up here as ``SystemExit(15)``; it
+    becomes :class:`Stopped` (after ``ray.shutdown``, which stops what Ray had started).
+    Our handlers are installed again either way."""
+    try:
+        yield
+    except SystemExit as e:
+        if e.code != signal.SIGTERM:
+            raise
+        import ray
+
+        ray.shutdown()
+        _received.append(signal.SIGTERM)
+        raise Stopped(signal.SIGTERM) from None
+    finally:
+        install()

@@ -72,3 +72,23 @@ def test_check_looks_only_after_its_mark(handlers):
     with pytest.raises(stop.Stopped) as info:
         stop.check(since)
     assert info.value.signum == signal.SIGINT
+
+
+def test_a_sigterm_during_ray_start_is_our_stop_not_rays_exit_15(handlers):
+    """``ray.init`` installs ``sys.exit(signum)`` for SIGTERM from its first line: a SIGTERM
+    during Ray's start-up (a slow box, a scheduler's stop) must still exit 143 with our stop."""
+    import sys
+
+    stop.install(fresh=True)
+    with pytest.raises(stop.Stopped) as info:
+        with stop.ray_start():
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))  # as ray.init does
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                pass
+    assert info.value.signum == signal.SIGTERM and stop.exit_code(info.value) == 143
+    assert stop.received() == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is stop._again  # ours again, already stopping
+    with pytest.raises(SystemExit):  # any other exit goes through untouched
+        with stop.ray_start():
+            sys.exit(3)
