@@ -15,7 +15,7 @@
 
 Prints and writes (``--out``) the medians with their min-max spread and the paired ratios
 (per round, then median and min-max). ``--smoke`` checks the whole path in seconds: no
-tuning (autotune's pick is ``--parallel 2``, llama-optimus' is ``-t 1``), one round, tiny loads.
+tuning (autotune's pick is ``--parallel 2 -t 1``, llama-optimus' is ``-t 1``), one round, tiny loads.
 
 Run: ``python bench/peers.py [--rounds 9] [--budget-s 900] [--out bench/results/peers.txt]``.
 """
@@ -158,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     header = [f"# bench/peers.py {' '.join(sys.argv[1:] if argv is None else argv)}",
               f"# llama-server: {binary}", f"# model: {model}", f"# cores: {os.cpu_count()}"]
     if a.smoke:
-        picks = {"defaults": {}, "optimus": {"threads": 1}, "autotune": {"parallel": 2}}
+        # one thread where a pick allows it: two spin-waiting llama.cpp threads beside other
+        # work (the test suite's workers) decode at a fraction of their speed
+        picks = {"defaults": {}, "optimus": {"threads": 1}, "autotune": {"parallel": 2, "threads": 1}}
         rounds, users, decode_tokens, repeats = 1, 2, 8, 1
     elif a.picks:
         picks = json.loads(a.picks.read_text())
