@@ -182,6 +182,10 @@ class EngineContract:
         assert result.status == "ok", f"{result.reason}\n{result.log_tail}"
         assert result.metrics.get("load_s", -1) >= 0
         self.assert_registered_metrics(result.metrics)
+        self.check_trial(result)
+
+    def check_trial(self, result: TrialResult) -> None:
+        """An engine's own checks of a real trial's result (its subclass may add them)."""
 
     def test_failures_come_back_as_results_with_a_reason(self, tmp_path: Path) -> None:
         if not self.failures:

@@ -81,7 +81,7 @@ def test_init_on_gguf_variants_writes_a_preset_that_runs_a_2_trial_study(tmp_pat
     assert preset["space"]["n_ctx"]["choices"][0] == 512
     seeded = study_overrides(tmp_path, seed_mlflow=True)
     run = run_cli_here(["run", "--config-dir", "conf", "conf=gemma_box", *seeded,
-                        "study.n_trials=2", "quality.n_tokens=128", "select.top_k=1",
+                        "study.n_trials=2", "quality.n_tokens=128", "select.top_k=0",
                         "select.rerun_repeats=1", "report.enabled=false",
                         # the preset is the point, not the numbers: the shortest measurement
                         "workload.max_tokens=16", "workload.warmup=0", "workload.repeats=1"], tmp_path)

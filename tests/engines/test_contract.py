@@ -145,13 +145,24 @@ class TestVLLMContract(EngineContract):
     kind = "vllm"
     settings = {"device": "cpu", "dtype": "float32", "enforce_eager": True, "max_model_len": 512,
                 "kvcache_space_gb": 1, "startup_timeout_s": 240}
-    params = {"max_num_seqs": 4, "max_num_batched_tokens": 512}
+    params = {"max_num_seqs": 4, "max_num_batched_tokens": 512, "enable_prefix_caching": False}
     timeout_s = 420.0
     failures = [Failure({"kv_cache_dtype": "fp4"}, "infeasible", "kv_cache_dtype='fp4'")]
 
     @pytest.fixture(autouse=True)
-    def _tiny(self, tiny_llama: Path) -> None:
+    def _tiny(self, tiny_llama: Path, assert_server_gone) -> None:
         self.variants = {"tiny": {"path": str(tiny_llama)}}
+        self.assert_server_gone = assert_server_gone
+
+    def check_trial(self, result) -> None:
+        """Real vLLM on CPU: token counts from the server's usage, the server stopped after."""
+        m, wl = result.metrics, self.workload
+        assert m["decode_tps"] > 0 and m["prefill_tps"] > 0 and 0 < m["ttft_p50_ms"] < 10_000
+        assert result.info["token_count_source"] == "usage"
+        assert result.info["samples"]["output_tokens"] == [wl.max_tokens] * wl.repeats
+        assert all(n > 0 for n in result.info["samples"]["prompt_tokens"])
+        assert "--no-enable-prefix-caching" in result.info["server_argv"]
+        self.assert_server_gone(result.info["server_pid"], result.info["server_port"])
 
 
 @pytest.mark.gpu

@@ -226,7 +226,7 @@ def test_a_short_study_through_the_cli(binary: Path, gemma, tmp_path: Path) -> N
     from tests.helpers.cli import run_cli_here
 
     args = ["run", "conf=llama_server", "study.n_trials=2", "workload.repeats=1", "workload.warmup=0",
-            "workload.max_tokens=16", "select.rerun_repeats=1", "select.top_k=1", "constraints=[]",
+            "workload.max_tokens=16", "select.top_k=0", "constraints=[]",
             "report.enabled=false"]
     proc = run_cli_here([*args, *study_overrides(tmp_path, "ls", seed_mlflow=True)], tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -129,36 +129,3 @@ def test_startup_failure_with_a_config_error_is_infeasible(tmp_path: Path) -> No
     assert isinstance(err, InfeasibleConfig)
     other = RuntimeError("segfault")
     assert engine._startup_failed(other) is other
-
-
-@pytest.mark.slow
-@pytest.mark.vllm
-def test_vllm_cpu_real_trial(tiny_llama: Path, tmp_path: Path, assert_server_gone) -> None:
-    """Real vLLM on CPU via run_trial: metrics from usage counts, server stopped after."""
-    from autotune.trial.runner import run_trial
-    from autotune.trial.spec import TrialSpec
-
-    max_tokens = 32
-    spec = TrialSpec(
-        number=0, engine="vllm",
-        settings={"device": "cpu", "dtype": "float32", "enforce_eager": True, "max_model_len": 512,
-                  "kvcache_space_gb": 1, "startup_timeout_s": 240},
-        variants={"tiny": {"path": str(tiny_llama)}},
-        params={"max_num_seqs": 4, "max_num_batched_tokens": 512, "enable_prefix_caching": False},
-        workload={"prompts": "short", "max_tokens": max_tokens, "warmup": 1, "repeats": 3,
-                  "concurrency": 1, "ignore_eos": True},
-        quality={"enabled": False}, timeout_s=420, workdir=str(tmp_path / "trial"),
-    )
-    result = run_trial(spec)
-    assert result.status == "ok", result.reason + "\n" + result.log_tail
-    m = result.metrics
-    assert m["decode_tps"] > 0
-    assert 0 < m["ttft_p50_ms"] < 10_000
-    assert m["prefill_tps"] > 0
-    assert result.info["token_count_source"] == "usage"
-    assert result.info["samples"]["output_tokens"] == [max_tokens] * 3
-    assert all(n > 0 for n in result.info["samples"]["prompt_tokens"])
-    assert "--no-enable-prefix-caching" in result.info["server_argv"]
-    assert_server_gone(result.info["server_pid"], result.info["server_port"])
-    print(f"\nvLLM CPU tiny: decode {m['decode_tps']:.0f} tok/s, TTFT p50 {m['ttft_p50_ms']:.1f} ms, "
-          f"start {result.info['server_start_s']:.1f} s")
