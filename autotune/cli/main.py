@@ -16,6 +16,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from autotune.errors import ConfigError
 
@@ -109,6 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autotune.record.lock import StudyLock
     from autotune.record.resume import before_run
     from autotune.record.resume import fork_overrides
+    from autotune.record.studies import RUNNING_FILE
     from autotune.record.tracking import Tracker
     from autotune.run import stop
     from autotune.run.driver import Driver
@@ -121,25 +123,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     lock = StudyLock(cfg.study.dir).acquire()  # exit 2 naming the holder if another run has it
     try:
         notes, seeds = before_run(cfg, space, baseline, source)  # storage readable, resume comparable
-        running = study_started(cfg)  # config.yaml + .running (validated: safe to write now)
-        reporter = Reporter(cfg)
-        for note in (lock.note, *notes):
-            if note:
-                reporter.note(note)
-        tracker = Tracker(cfg) if cfg.tracking.enabled else None
-        placement = None
-        try:
+        reporter = placement = None
+        try:  # a stop anywhere from here on leaves no .running behind
+            study_started(cfg)  # config.yaml + .running (validated: safe to write now)
+            reporter = Reporter(cfg)
+            for note in (lock.note, *notes):
+                if note:
+                    reporter.note(note)
+            tracker = Tracker(cfg) if cfg.tracking.enabled else None
             placement = Placement(cfg.ray)  # a SIGTERM during Ray's start-up: Stopped (run.stop)
             driver = Driver(cfg, space, placement, tracker, reporter, seeds=seeds,
                             fork_of=source.study.name if source else None)
             stop.check()  # a Ctrl-C that Ray's start-up swallowed
             summary = driver.run()
         finally:
-            reporter.close()
+            if reporter is not None:
+                reporter.close()
             if placement is not None:
                 placement.shutdown()
             stop.install()  # ray.shutdown leaves SIGTERM at its default: a stop now still exports
-            running.unlink(missing_ok=True)
+            (Path(cfg.study.dir) / RUNNING_FILE).unlink(missing_ok=True)  # we hold the study's lock
         after_run(cfg, reporter)
     finally:
         lock.release()

@@ -110,17 +110,21 @@ def test_second_driver_is_refused_and_the_first_finishes(tmp_path):
     assert json.loads((d / "summary.json").read_text())["interrupted"] is False
 
 
-def test_sigterm_during_rays_start_up_exits_143_and_leaves_nothing(tmp_path):
-    """A SIGTERM while ``ray.init`` runs (Ray's own handler would ``sys.exit(15)``)."""
+@pytest.mark.parametrize("when", ["study_started", "ray_starting"])
+def test_sigterm_during_start_up_exits_143_and_leaves_nothing(tmp_path, when):
+    """A SIGTERM once ``.running`` is written (MLflow and Ray not up yet), or while ``ray.init``
+    runs (Ray's own handler would ``sys.exit(15)``): exit 143, no ``.running``, no process."""
     from tests.helpers.procs import children
 
+    d = tmp_path / "studies" / "early"
     proc = subprocess.Popen([sys.executable, "-m", "autotune.cli",
                              *fake_study(tmp_path, "early", 4, 10.0)], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    started = (lambda: (d / ".running").exists()) if when == "study_started" else (lambda: children(proc.pid))
     try:
         deadline = time.monotonic() + 120
-        while not children(proc.pid) and time.monotonic() < deadline:  # Ray's first node process
+        while not started() and time.monotonic() < deadline:
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
@@ -129,7 +133,6 @@ def test_sigterm_during_rays_start_up_exits_143_and_leaves_nothing(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 143, out[-3000:]
     assert "interrupted (SIGTERM)" in out and "Traceback" not in out, out[-3000:]
-    d = tmp_path / "studies" / "early"
     assert not (d / ".running").exists()
     deadline = time.monotonic() + 30
     while processes_with_arg(str(tmp_path)) and time.monotonic() < deadline:
