@@ -15,7 +15,8 @@
 
 Prints and writes (``--out``) the medians with their min-max spread and the paired ratios
 (per round, then median and min-max). ``--smoke`` checks the whole path in seconds: no
-tuning (autotune's pick is ``--parallel 2 -t 1``, llama-optimus' is ``-t 1``), one round, tiny loads.
+tuning (autotune's pick is ``--parallel 2 -t 1``, llama-optimus' is ``-t 1``), one round,
+tiny loads.
 
 Run: ``python bench/peers.py [--rounds 9] [--budget-s 900] [--out bench/results/peers.txt]``.
 """

@@ -9,8 +9,8 @@ with ``128 + signal`` (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; :func:`exit_code`).
 ``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``) and Ray's core worker a
 native one that dumps a stack and aborts (exit 134), so the driver calls :func:`install` again
 once Ray is up, and :func:`ray_start` turns a SIGTERM that came during ``ray.init`` into the
-same stop (exit 143, not 15). While the stop is under way, further signals are noted and ignored, so the
-exports get written; SIGKILL still ends it at once.
+same stop (exit 143, not 15). While the stop is under way, further signals are noted and
+ignored, so the exports get written; SIGKILL still ends it at once.
 
 The signal is also kept (:func:`received`): a library that catches ``KeyboardInterrupt``
 on its way (a clean-clone CI run once lost a Ctrl-C that way) cannot swallow the stop, since

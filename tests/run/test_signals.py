@@ -23,6 +23,7 @@ from optuna.trial import TrialState
 from autotune.record.study import INTERRUPTED
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here
+from tests.helpers.procs import children
 from tests.helpers.procs import processes_with_arg
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -114,8 +115,6 @@ def test_second_driver_is_refused_and_the_first_finishes(tmp_path):
 def test_sigterm_during_start_up_exits_143_and_leaves_nothing(tmp_path, when):
     """A SIGTERM once ``.running`` is written (MLflow and Ray not up yet), or while ``ray.init``
     runs (Ray's own handler would ``sys.exit(15)``): exit 143, no ``.running``, no process."""
-    from tests.helpers.procs import children
-
     d = tmp_path / "studies" / "early"
     proc = subprocess.Popen([sys.executable, "-m", "autotune.cli",
                              *fake_study(tmp_path, "early", 4, 10.0)], cwd=tmp_path,
