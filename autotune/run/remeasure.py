@@ -90,8 +90,9 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
     runs = remeasure(launcher, report, configs, sel.rerun_repeats)
     merged = {r.number: _merge(r, runs[r.number][0], cfg) for r in configs}
     pool = [merged[c.number] for c in top if merged[c.number].feasible]
-    if baseline is not None and baseline.number in merged and baseline.feasible and merged[baseline.number].feasible:
-        pool.append(merged[baseline.number])
+    if (baseline is not None and baseline.number in merged and baseline.feasible
+            and merged[baseline.number].feasible and baseline.number not in {r.number for r in pool}):
+        pool.append(merged[baseline.number])  # once: it may be among the top already
     if not pool:
         return Verdict(winner=ranked[0], note="re-measurement left no feasible candidate; winner from the search")
     final = rank(pool, sel.rule, sel.metric, objectives, sel.weights)
@@ -111,8 +112,6 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
         if b and math.isfinite(b) and math.isfinite(w):
             kw["speedup"] = w / b if get_metric(sel.metric).higher_is_better else b / w
             kw["speedup_source"] = "re-measured side by side"
-            kw["speedup_within_noise"] = (
-                winner.number != baseline.number
-                and within_noise(samples[winner.number], samples[baseline.number])
-            )
+            if winner.number != baseline.number:  # the baseline won: no lead to judge
+                kw["speedup_within_noise"] = within_noise(samples[winner.number], samples[baseline.number])
     return Verdict(**kw)
