@@ -83,6 +83,8 @@ def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None
     if not numbers:
         return None
     fig = optuna.visualization.plot_pareto_front(mem, target_names=[_label(o) for o in objectives[:2]])
+    # Optuna colours the front by trial number with a colour bar that means nothing here
+    fig.update_traces(marker_showscale=False, selector={"type": "scatter"})
     by_number = {t.number: t for t in mem.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE}
     marks = [(winner, "winner = baseline" if winner == 0 else "winner", "gold")]
     if winner != 0:
@@ -92,7 +94,7 @@ def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None
         if t is not None:
             fig.add_trace(go.Scatter(
                 x=[t.values[0]], y=[t.values[1]], mode="markers+text", name=f"{name} #{number}",
-                text=[f"{name} #{number}"], textposition="top center",
+                text=[f"{name} #{number}"], textposition="top center", cliponaxis=False,
                 marker={"symbol": "star", "size": 18, "color": color, "line": {"width": 1, "color": "black"}}))
     fig.update_layout(title="Pareto front of the measured trials (stars: winner, baseline = trial 0)",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0})
