@@ -39,11 +39,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from dataclasses import dataclass
@@ -87,6 +89,9 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "bo2025": {"bo": {"LENGTH_SCALE_MIN": 0.05}},  # the default before issue 23's item 2
     "ls02": {"bo": {"LENGTH_SCALE_MIN": 0.2}},
     "ls04": {"bo": {"LENGTH_SCALE_MIN": 0.4}},
+    "norefine": {"bo": {"REFINE": 0}},  # a sampled pool does not grow near the best measured
+    "refine1": {"bo": {"REFINE": 1}},
+    "refine4": {"bo": {"REFINE": 4}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -179,6 +184,13 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
         return Run(truth.name, method, seed, 1, 0.0, (), None, f"{type(e).__name__}: {e}"[:200], mode, "fast")
     curve = curve_of(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
     return Run(truth.name, method, seed, 0, wall, curve, None, "", mode, "fast")
+
+
+_TRUTHS: dict[str, Truth] = {}  # filled before the fast studies' processes fork
+
+
+def _fast_job(name: str, method: str, mode: str, seed: int, trials: int) -> Run:
+    return run_fast(_TRUTHS[name], method, mode, seed, trials)
 
 
 def run_study(truth: Truth, method: str, mode: str, seed: int, trials: int, out: Path) -> Run:
@@ -335,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="in-process studies through the real driver loop and sampler (no Ray, MLflow)")
     ap.add_argument("--variant", default="", choices=["", *VARIANTS],
                     help="fast mode: a sampler variant (VARIANTS); rows are labelled METHOD:VARIANT")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 8 trials")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 6 trials")
     ap.add_argument("--out", default=None, help="where CLI studies go (default: a temp dir, removed)")
     ap.add_argument("--results", default=str(RESULTS / "efficiency"), help="results path without suffix")
     ap.add_argument("--stream", default=None, help="append each finished study to this .jsonl")
@@ -360,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.merge:
         return merge([Path(p) for p in args.merge], Path(args.results), cmd)
     if args.quick:
-        args.surfaces, args.methods, args.modes, args.seeds, args.trials = "cpu_7b", "default,random", "physics", 1, 8
+        args.surfaces, args.methods, args.modes, args.seeds, args.trials = "cpu_7b", "default,random", "physics", 1, 6
     if args.tune:
         args.surfaces, args.first_seed, args.seeds = ",".join(TUNE_SURFACES), 0, 10
     surfaces = [s for s in args.surfaces.split(",") if s]
@@ -394,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(job: tuple) -> Run:
         t, m, mode, seed = job
-        run = run_fast(t, m, mode, seed, args.trials) if args.fast else run_study(t, m, mode, seed, args.trials, out)
+        run = run_study(t, m, mode, seed, args.trials, out) if not args.fast else \
+            fast_pool.submit(_fast_job, t.name, m, mode, seed, args.trials).result()
         if args.variant:
             run = replace(run, method=f"{m}:{args.variant}")
         if stream:
@@ -407,7 +420,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = [Run(t.name, m, seed, 0, 0.0, *score(t, out / t.name / mode / m / f"s{seed}"), mode=mode)
                 for t, m, mode, seed in jobs if (out / t.name / mode / m / f"s{seed}" / "summary.json").exists()]
     else:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        # fast studies share Hydra's global state: each runs in a forked process of its own
+        # (the variant's module attributes, set above, are inherited)
+        _TRUTHS.update(truths)
+        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) \
+                as fast_pool, ThreadPoolExecutor(max_workers=args.jobs) as pool:
             runs = list(pool.map(one, jobs))
     wall = time.monotonic() - t0
     rows = group(runs, truths)

@@ -42,12 +42,12 @@ from autotune.record.tracking import PARENT_ATTR
 from autotune.run import stop
 from autotune.run.launcher import Launcher
 from autotune.run.remeasure import choose_winner
-from autotune.search.bo import Pool
-from autotune.search.bo import build_pool
 from autotune.search.design import FAST_PART
 from autotune.search.design import config_key
 from autotune.search.design import default_n_startup
 from autotune.search.design import startup_design
+from autotune.search.pool import Pool
+from autotune.search.pool import build_pool
 from autotune.search.samplers import make_sampler
 from autotune.search.samplers import resolve
 from autotune.search.samplers import uses_design

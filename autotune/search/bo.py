@@ -8,6 +8,9 @@ every configuration of the space (a random sample of a continuous or huge one) t
 the rules, the engine's check and its pre-launch fit prediction, less what was already
 proposed. It never proposes a configuration the driver would refuse.
 
+The pool (:mod:`autotune.search.pool`) of a continuous or huge space is a sample; it grows
+near the best measured configurations as the study goes (:mod:`autotune.search.refine`).
+
 The model is scikit-learn's Gaussian process (Matern 5/2, one length scale per feature, none
 below ``LENGTH_SCALE_MIN`` of the feature's range, fitted noise), one per quantity:
 
@@ -23,30 +26,28 @@ The next configuration maximises expected improvement over the best feasible pos
 (robust to timing noise) times the probability that every constraint holds and the run
 succeeds. Trials in flight (``ray.max_concurrent > 1``) enter the acquisition as ``BATCH``
 says (:mod:`autotune.search.batch`: kriging believer, fantasies or local penalization), so
-parallel proposals spread out; the startup design counts them as started. Features: a
-numeric value (or a two-way choice) by its position on the parameter's scale, other choices
-one-hot, a conditional parameter's activity as its own column.
+parallel proposals spread out; the startup design counts them as started.
 """
 
 from __future__ import annotations
 
+import random
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from typing import Any
 
 import numpy as np
 import optuna
-from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 from scipy.stats import norm
 from threadpoolctl import threadpool_limits
 
 from autotune.record.study import trial_attrs
 from autotune.search import batch as batchlib
+from autotune.search import refine
 from autotune.search.design import config_key
-from autotune.search.design import to_unit
+from autotune.search.pool import Pool
 from autotune.search.space import decode
 from autotune.search.space import encode
 
@@ -54,10 +55,8 @@ if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
     from autotune.config.schema import Constraint
-    from autotune.search.space import Param
     from autotune.search.space import Space
 
-POOL_LIMIT = 100_000  # a larger space (or a continuous one) is represented by 4,000 random configurations
 # The sampler's own cost stays flat as a study grows (bench/sampler_cost.py): a GP is fitted on
 # at most MAX_TRAIN measured trials (the best, the best feasible, the rest spread at random);
 # at most MAX_CANDIDATES free configurations are scored per ask (the highest-predicted ones,
@@ -81,63 +80,9 @@ BATCH = "fantasy"
 # parallel proposals' spread (tests/search/test_bo_batch.py); 0.2 does not. Report-set figures
 # and every variant tried: bench/results/robust.txt.
 LENGTH_SCALE_MIN = 0.2
-
-
-@dataclass
-class Pool:
-    """The launchable configurations, one feature row each, and the log of their predicted
-    decode-speed bound (None unless the engine predicts one for every configuration)."""
-
-    params: list[dict[str, Any]]
-    keys: list[str]
-    X: np.ndarray
-    log_bound: np.ndarray | None
-
-
-def _ordered(p: Param) -> bool:
-    """Whether ``p``'s values have an order the model may use (numbers, or two choices)."""
-    vals = p.values()
-    if vals is None or not isinstance(p.dist, CategoricalDistribution) or len(vals) <= 2:
-        return True
-    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
-
-
-def featurize(space: Space, configs: list[dict[str, Any]]) -> np.ndarray:
-    """One row of features per configuration (see the module docstring)."""
-    cols: list[list[float]] = []
-    for p in space.params.values():
-        if p.dist is None:
-            continue
-        if _ordered(p):
-            cols.append([to_unit(p, c[p.name]) if p.name in c else 0.0 for c in configs])
-        else:
-            for v in p.values():
-                cols.append([float(p.name in c and encode(c[p.name]) == encode(v)) for c in configs])
-        if p.when is not None:
-            cols.append([float(p.name in c) for c in configs])
-    return np.array(cols, dtype=float).T if cols else np.zeros((len(configs), 1))
-
-
-def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
-               seed: int | None = None, limit: int = POOL_LIMIT) -> Pool:
-    """Every launchable configuration: no rule broken, the engine's check passed and
-    ``screen(params)`` -> (may run, predicted decode bound or None) saying it may run."""
-    seen: set[str] = set()
-    params, bounds = [], []
-    for c in space.configurations(limit=limit, seed=seed or 0):
-        key = config_key(c)
-        if key in seen:
-            continue
-        seen.add(key)
-        if space.violations(c):
-            continue
-        fits, bound = screen(c)
-        if fits:
-            params.append(c)
-            bounds.append(bound)
-    known = bool(params) and all(b is not None and b > 0 for b in bounds)
-    return Pool(params, [config_key(c) for c in params], featurize(space, params),
-                np.log(np.array(bounds, dtype=float)) if known else None)
+# A pool that samples its space grows around the REFINE best measured configurations at each
+# ask (autotune.search.refine): a narrow optimum need not be among the sampled ones.
+REFINE = 2
 
 
 class _GP:
@@ -183,7 +128,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
 
     def __init__(self, space: Space, pool_fn: Callable[[], Pool], constraints: list[Constraint],
                  seed: int | None = None, n_startup: int = 2, max_train: int = MAX_TRAIN,
-                 max_candidates: int = MAX_CANDIDATES, batch: str | None = None) -> None:
+                 max_candidates: int = MAX_CANDIDATES, batch: str | None = None,
+                 refine: int | None = None) -> None:
         self.batch = batch or BATCH
         if self.batch not in batchlib.MODES:
             raise ValueError(f"batch={self.batch!r}: expected one of {', '.join(batchlib.MODES)}")
@@ -192,13 +138,14 @@ class PoolSampler(optuna.samplers.BaseSampler):
         self.n_startup = n_startup
         self.max_train = max_train
         self.max_candidates = max_candidates
+        self.refine = REFINE if refine is None else refine
         self.last_sizes: dict[str, int] = {}  # the last ask's training and candidate set sizes
         self._kernels: dict[str, Any] = {}  # each GP's last fitted hyperparameters
         self._asks = 0
-        self._index: dict[str, int] | None = None
         self._pool_fn = pool_fn
         self._pool: Pool | None = None
         self._rng = np.random.default_rng(seed)
+        self._py_rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
 
     @property
@@ -209,6 +156,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self._rng = np.random.default_rng()
+        self._py_rng = random.Random()
         self._random.reseed_rng()
 
     def infer_relative_search_space(self, study, trial):
@@ -241,12 +189,13 @@ class PoolSampler(optuna.samplers.BaseSampler):
         pool = self.pool
         trials = study.get_trials(deepcopy=False)
         keys = _keys(trials)
+        if pool.space is not None:  # a sample: trials measured outside it (trial 0, the design) join it
+            pool.grow([_params(t) for t in trials if keys[t.number] not in pool.index
+                       and t.state in (TrialState.COMPLETE, TrialState.FAIL)], measured=True)
         free = self._free(keys)
         if not len(free):
             return None
-        if self._index is None:
-            self._index = {k: i for i, k in enumerate(pool.keys)}
-        row = {n: self._index[k] for n, k in keys.items() if k in self._index}  # trial -> pool row
+        row = {n: pool.index[k] for n, k in keys.items() if k in pool.index}  # trial -> pool row
         # a launch that failed before any succeeded is told FAIL (nothing to call worst yet)
         launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
                     and trial_attrs(t).kind == "launched" and t.number in row]
@@ -263,15 +212,19 @@ class PoolSampler(optuna.samplers.BaseSampler):
         values = np.array([t.values[0] for t in ok], dtype=float)
         logged = bool(np.all(values > 0))
         y = (np.log(values) if logged else values) * (1.0 if maximize else -1.0)
-        prior = np.zeros(len(pool.keys))
-        if pool.log_bound is not None and logged and maximize:
-            trust = np.linalg.lstsq(np.vstack([pool.log_bound[rows_ok], np.ones(len(ok))]).T, y, rcond=None)[0][0]
-            prior = float(np.clip(trust, 0.0, 1.0)) * pool.log_bound
         feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
         sel = train_rows(y, feasible, self.max_train, self._rng)
         failed = np.array([trial_attrs(t).status != "ok" for t in launched])
         sel_launched = train_rows(failed.astype(float), failed, self.max_train, self._rng)
         best_rows = rows_ok[np.argsort(-np.where(feasible, y, y - 1e9))[:4]]
+        if pool.space is not None and self.refine:
+            for r in best_rows[: self.refine]:
+                pool.grow(refine.neighbours(pool.space, pool.params[r], self._py_rng))
+            free = self._free(keys)
+        prior = np.zeros(len(pool.keys))
+        if pool.log_bound is not None and logged and maximize:
+            trust = np.linalg.lstsq(np.vstack([pool.log_bound[rows_ok], np.ones(len(ok))]).T, y, rcond=None)[0][0]
+            prior = float(np.clip(trust, 0.0, 1.0)) * pool.log_bound
         cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
         self.last_sizes = {"train": len(sel), "candidates": len(cand)}
         Xc = pool.X[cand]
@@ -359,7 +312,10 @@ def candidate_rows(X: np.ndarray, free: np.ndarray, log_bound: np.ndarray | None
     return np.concatenate([keep, rng.choice(rest, cap - len(keep), replace=False)]).astype(int)
 
 
+def _params(t: FrozenTrial) -> dict[str, Any]:
+    """A trial's configuration: what the driver stored, else Optuna's params."""
+    return trial_attrs(t).params or {k: decode(v) for k, v in t.params.items()}
+
+
 def _keys(trials: list[FrozenTrial]) -> dict[int, str]:
-    """Each trial's configuration key: from what the driver stored, else Optuna's params."""
-    return {t.number: config_key(trial_attrs(t).params or {k: decode(v) for k, v in t.params.items()})
-            for t in trials}
+    return {t.number: config_key(_params(t)) for t in trials}

@@ -31,7 +31,7 @@ from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
     from autotune.config.schema import Constraint
-    from autotune.search.bo import Pool
+    from autotune.search.pool import Pool
     from autotune.search.space import Space
 
 
@@ -97,7 +97,7 @@ def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
     validate_sampler(name, space, search)
     if name == "bo":
         from autotune.search.bo import PoolSampler
-        from autotune.search.bo import build_pool
+        from autotune.search.pool import build_pool
 
         return PoolSampler(space, pool or (lambda: build_pool(space, lambda _p: (True, None), seed)),
                            list(constraints), seed, n_startup=startup)

@@ -1,0 +1,128 @@
+"""``bo``'s pool: the launchable configurations of a space, one feature row each.
+
+Every configuration of the space (a random sample of a continuous or huge one) that passes
+the rules, the engine's check and its pre-launch fit prediction. Features: a numeric value
+(or a two-way choice) by its position on the parameter's scale, other choices one-hot, a
+conditional parameter's activity as its own column. A sampled pool grows: the trials
+measured outside it join it, and :meth:`Pool.grow` adds configurations near the best
+measured ones (:mod:`autotune.search.refine`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from dataclasses import field
+from typing import TYPE_CHECKING
+from typing import Any
+
+import numpy as np
+from optuna.distributions import CategoricalDistribution
+
+from autotune.search.design import config_key
+from autotune.search.design import to_unit
+from autotune.search.space import encode
+
+if TYPE_CHECKING:
+    from autotune.search.space import Param
+    from autotune.search.space import Space
+
+POOL_LIMIT = 100_000  # a larger space (or a continuous one) is represented by 4,000 random configurations
+
+
+@dataclass
+class Pool:
+    """The launchable configurations, one feature row each, and the log of their predicted
+    decode-speed bound (None unless the engine predicts one for every configuration).
+
+    When it is a sample of its space (``space`` and ``screen`` given), :meth:`grow` adds
+    configurations near the best measured ones (:mod:`autotune.search.refine`)."""
+
+    params: list[dict[str, Any]]
+    keys: list[str]
+    X: np.ndarray
+    log_bound: np.ndarray | None
+    space: Space | None = None
+    screen: Callable[[dict[str, Any]], tuple[bool, float | None]] | None = None
+    index: dict[str, int] = field(default_factory=dict)
+    tried: set[str] = field(default_factory=set)  # keys offered to grow(), kept or not
+
+    def __post_init__(self) -> None:
+        self.index = {k: i for i, k in enumerate(self.keys)}
+
+    def grow(self, configs: list[dict[str, Any]], measured: bool = False) -> int:
+        """Add those of ``configs`` that are new, break no rule and pass the screen (with a
+        bound when the pool has bounds); ``measured`` ones need only the bound. Returns how
+        many were added."""
+        if self.space is None or self.screen is None:
+            return 0
+        new, bounds = [], []
+        for c in configs:
+            key = config_key(c)
+            if key in self.index or (key in self.tried and not measured):
+                continue
+            self.tried.add(key)
+            if not measured and self.space.violations(c):
+                continue
+            fits, bound = self.screen(c)
+            if (fits or measured) and (self.log_bound is None or (bound is not None and bound > 0)):
+                new.append(c)
+                bounds.append(bound)
+        if not new:
+            return 0
+        for c in new:
+            self.index[config_key(c)] = len(self.keys)
+            self.keys.append(config_key(c))
+            self.params.append(c)
+        self.X = np.vstack([self.X, featurize(self.space, new)])
+        if self.log_bound is not None:
+            self.log_bound = np.concatenate([self.log_bound, np.log(np.array(bounds, dtype=float))])
+        return len(new)
+
+
+def _ordered(p: Param) -> bool:
+    """Whether ``p``'s values have an order the model may use (numbers, or two choices)."""
+    vals = p.values()
+    if vals is None or not isinstance(p.dist, CategoricalDistribution) or len(vals) <= 2:
+        return True
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
+
+
+def featurize(space: Space, configs: list[dict[str, Any]]) -> np.ndarray:
+    """One row of features per configuration (see the module docstring)."""
+    cols: list[list[float]] = []
+    for p in space.params.values():
+        if p.dist is None:
+            continue
+        if _ordered(p):
+            cols.append([to_unit(p, c[p.name]) if p.name in c else 0.0 for c in configs])
+        else:
+            for v in p.values():
+                cols.append([float(p.name in c and encode(c[p.name]) == encode(v)) for c in configs])
+        if p.when is not None:
+            cols.append([float(p.name in c) for c in configs])
+    return np.array(cols, dtype=float).T if cols else np.zeros((len(configs), 1))
+
+
+def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
+               seed: int | None = None, limit: int = POOL_LIMIT) -> Pool:
+    """Every launchable configuration: no rule broken, the engine's check passed and
+    ``screen(params)`` -> (may run, predicted decode bound or None) saying it may run."""
+    seen: set[str] = set()
+    params, bounds = [], []
+    for c in space.configurations(limit=limit, seed=seed or 0):
+        key = config_key(c)
+        if key in seen:
+            continue
+        seen.add(key)
+        if space.violations(c):
+            continue
+        fits, bound = screen(c)
+        if fits:
+            params.append(c)
+            bounds.append(bound)
+    known = bool(params) and all(b is not None and b > 0 for b in bounds)
+    sampled = space.size() > limit  # a sample of the space: it grows near the best measured
+    return Pool(params, [config_key(c) for c in params], featurize(space, params),
+                np.log(np.array(bounds, dtype=float)) if known else None,
+                space if sampled else None, screen if sampled else None)
