@@ -31,7 +31,6 @@ parallel proposals spread out; the startup design counts them as started.
 
 from __future__ import annotations
 
-import random
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -145,7 +144,6 @@ class PoolSampler(optuna.samplers.BaseSampler):
         self._pool_fn = pool_fn
         self._pool: Pool | None = None
         self._rng = np.random.default_rng(seed)
-        self._py_rng = random.Random(seed)
         self._random = optuna.samplers.RandomSampler(seed=seed)
 
     @property
@@ -156,7 +154,6 @@ class PoolSampler(optuna.samplers.BaseSampler):
 
     def reseed_rng(self) -> None:
         self._rng = np.random.default_rng()
-        self._py_rng = random.Random()
         self._random.reseed_rng()
 
     def infer_relative_search_space(self, study, trial):
@@ -219,7 +216,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         best_rows = rows_ok[np.argsort(-np.where(feasible, y, y - 1e9))[:4]]
         if pool.space is not None and self.refine:
             for r in best_rows[: self.refine]:
-                pool.grow(refine.neighbours(pool.space, pool.params[r], self._py_rng))
+                pool.grow(refine.neighbours(pool.space, pool.params[r]))
             free = self._free(keys)
         prior = np.zeros(len(pool.keys))
         if pool.log_bound is not None and logged and maximize:

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from autotune.search.space import Space
 
 POOL_LIMIT = 100_000  # a larger space (or a continuous one) is represented by 4,000 random configurations
+MAX_SIZE = 50_000  # a sampled pool stops growing near the best measured at this many rows
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Pool:
         """Add those of ``configs`` that are new, break no rule and pass the screen (with a
         bound when the pool has bounds); ``measured`` ones need only the bound. Returns how
         many were added."""
-        if self.space is None or self.screen is None:
+        if self.space is None or self.screen is None or (len(self.keys) >= MAX_SIZE and not measured):
             return 0
         new, bounds = [], []
         for c in configs:

@@ -16,6 +16,7 @@ import random
 from typing import TYPE_CHECKING
 from typing import Any
 
+from autotune.search.design import config_key
 from autotune.search.design import from_unit
 from autotune.search.design import to_unit
 
@@ -46,9 +47,11 @@ def _near(p: Param, current: Any) -> list[Any]:
     return [from_unit(p, min(max(u + s * sign, 0.0), 0.999999)) for s in STEPS for sign in (-1, 1)]
 
 
-def neighbours(space: Space, center: dict[str, Any], rng: random.Random) -> list[dict[str, Any]]:
+def neighbours(space: Space, center: dict[str, Any]) -> list[dict[str, Any]]:
     """Configurations one knob from ``center``, and one choice from it with every long knob
-    stepped near its value. A conditional knob that becomes active takes a random value."""
+    stepped near its value. A conditional knob that becomes active takes a value drawn at
+    random, the same each time for the same ``center`` (a repeat adds nothing new)."""
+    rng = random.Random(config_key(center))
     dims = [p for p in space.params.values() if p.dist is not None]
     fill = {p.name: p.sample(rng) for p in dims}  # values for knobs that become active
     base = {**fill, **center}

@@ -8,8 +8,6 @@ only a pool that grows there can reach it. Real Optuna studies told through the 
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import optuna
 import pytest
@@ -61,7 +59,7 @@ def _measure(p: dict) -> TrialResult:
 def test_neighbours_stay_in_the_space_and_step_finely_near_the_current_value():
     space = compile_space(_config())
     center = {"util": 0.8, "seqs": 128, "spec": "none"}
-    out = refine.neighbours(space, center, random.Random(0))
+    out = refine.neighbours(space, center)
     for c in out:
         assert all(space.params[k].contains(v) for k, v in c.items()), c
         assert ("k" in c) == (c["spec"] != "none")  # a knob that becomes active has a value
@@ -84,7 +82,7 @@ def test_a_sampled_pool_grows_by_what_may_run_only_and_screens_each_configuratio
     assert pool.space is space and len(pool.keys) < 4000  # continuous: a sample, so it may grow
     n0, calls = len(pool.keys), len(screened)
     center = pool.params[0]
-    added = pool.grow(refine.neighbours(space, center, random.Random(1)))
+    added = pool.grow(refine.neighbours(space, center))
     assert added > 0 and len(pool.keys) == n0 + added == len(pool.params) == len(pool.X) == len(pool.log_bound)
     new = pool.params[n0:]
     assert all(p["util"] < 0.9 and not space.violations(p) for p in new)
@@ -92,7 +90,7 @@ def test_a_sampled_pool_grows_by_what_may_run_only_and_screens_each_configuratio
     assert np.allclose(pool.log_bound[n0:], np.log([10.0 * p["util"] for p in new]))
     assert all(pool.index[k] == i for i, k in enumerate(pool.keys))
     again = len(screened)
-    assert pool.grow(refine.neighbours(space, center, random.Random(1))) == 0 and len(screened) == again
+    assert pool.grow(refine.neighbours(space, center)) == 0 and len(screened) == again
     assert again > calls
     # an enumerated pool holds every configuration already: it does not grow
     finite = space.__class__({k: v for k, v in space.params.items() if k != "util"}, [], space.engine, space.settings)
@@ -133,3 +131,13 @@ def test_the_pool_grows_to_the_ridge_at_the_crash_edge(seed, monkeypatch):
     assert in_pool < 0.99 and grown >= 0.99 and grown > in_pool, (grown, in_pool)
     sampled, _ = _search(0, seed)
     assert sampled <= in_pool
+
+
+def test_growth_stops_at_the_size_cap_but_measured_trials_still_join(monkeypatch):
+    space = compile_space(_config())
+    pool = build_pool(space, lambda p: (True, None), seed=0, limit=100)
+    monkeypatch.setattr("autotune.search.pool.MAX_SIZE", len(pool.keys))
+    center = pool.params[0]
+    assert pool.grow(refine.neighbours(space, center)) == 0
+    measured = {**center, "util": 0.61234}
+    assert pool.grow([measured], measured=True) == 1 and config_key(measured) in pool.index
