@@ -148,12 +148,16 @@ def run_closed(engine: Generator, sessions: SessionFactory, users: int, n_sessio
     """``users`` threads run ``n_sessions`` sessions, each user one at a time.
 
     No new session starts after ``deadline`` (``time.monotonic()``); those in flight finish.
+    The users start together: on a busy machine a thread that starts late would otherwise
+    find the first sessions done and the level would not be the concurrency it names.
     """
     out: list[Outcome] = []
     lock = threading.Lock()
     counter = iter(range(n_sessions))
+    start = threading.Barrier(users)
 
     def user_loop(user: int) -> None:
+        start.wait(timeout=60)
         while time.monotonic() < deadline:
             with lock:
                 index = next(counter, None)
