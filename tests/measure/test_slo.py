@@ -21,10 +21,12 @@ from autotune.measure.spec import SLOSpec
 from autotune.measure.spec import WorkloadSpec
 from autotune.measure.workload import run_workload
 
-# x=0, y=0.3: TTFT ~6 ms, ~200 tok/s, so a 16-token request takes ~80 ms: a queued request
-# waits ~80 ms for a slot, far above the 40 ms TTFT bound; one served at once, far below.
+# x=0, y=0.3: TTFT ~4 ms, ~200 tok/s, so a 24-token request takes ~115 ms: a queued request
+# waits about that long for a slot, far above the 60 ms TTFT bound; one served at once, far
+# below (a busy machine's delays only add, and have 55 ms of room there).
 FAST_TTFT = {"x": 0.0, "y": 0.3}
-SLO = SLOSpec(ttft_p95_ms=40.0)
+SLO = SLOSpec(ttft_p95_ms=60.0)
+TOKENS = 24
 
 
 def fake(tmp_path, **knobs) -> FakeEngine:
@@ -34,7 +36,7 @@ def fake(tmp_path, **knobs) -> FakeEngine:
 
 
 def slo_workload(**kw) -> WorkloadSpec:
-    base = {"max_tokens": 16, "repeats": 3, "warmup": 1, "load": "slo", "slo": SLO,
+    base = {"max_tokens": TOKENS, "repeats": 3, "warmup": 1, "load": "slo", "slo": SLO,
             "max_concurrency": 16, "search_time_s": 60.0}
     return WorkloadSpec(**{**base, **kw})
 
