@@ -50,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,8 +190,10 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
 _TRUTHS: dict[str, Truth] = {}  # filled before the fast studies' processes fork
 
 
-def _fast_job(name: str, method: str, mode: str, seed: int, trials: int) -> Run:
-    return run_fast(_TRUTHS[name], method, mode, seed, trials)
+def _job(job: tuple[str, str, str, int], trials: int, fast: bool, out: Path) -> Run:
+    name, method, mode, seed = job
+    truth = _TRUTHS[name]
+    return run_fast(truth, method, mode, seed, trials) if fast else run_study(truth, method, mode, seed, trials, out)
 
 
 def run_study(truth: Truth, method: str, mode: str, seed: int, trials: int, out: Path) -> Run:
@@ -404,28 +407,26 @@ def main(argv: list[str] | None = None) -> int:
             for s in surfaces for mode in modes for m in methods]
     stream = Path(args.stream) if args.stream else None
 
-    def one(job: tuple) -> Run:
-        t, m, mode, seed = job
-        run = run_study(t, m, mode, seed, args.trials, out) if not args.fast else \
-            fast_pool.submit(_fast_job, t.name, m, mode, seed, args.trials).result()
-        if args.variant:
-            run = replace(run, method=f"{m}:{args.variant}")
-        if stream:
-            with stream.open("a") as f:
-                f.write(json.dumps(asdict(run)) + "\n")
-        return run
-
     t0 = time.monotonic()
     if args.rescore:
         runs = [Run(t.name, m, seed, 0, 0.0, *score(t, out / t.name / mode / m / f"s{seed}"), mode=mode)
                 for t, m, mode, seed in jobs if (out / t.name / mode / m / f"s{seed}" / "summary.json").exists()]
     else:
-        # fast studies share Hydra's global state: each runs in a forked process of its own
-        # (the variant's module attributes, set above, are inherited)
+        # CLI studies are subprocesses already; fast ones share Hydra's global state, so each
+        # runs in a forked process of its own (inheriting the variant's module attributes)
         _TRUTHS.update(truths)
-        with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) \
-                as fast_pool, ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            runs = list(pool.map(one, jobs))
+        executor = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("fork")) \
+            if args.fast else ThreadPoolExecutor(args.jobs)
+        runs = []
+        with executor:
+            work = partial(_job, trials=args.trials, fast=args.fast, out=out)
+            for run in executor.map(work, [(t.name, m, mode, seed) for t, m, mode, seed in jobs]):
+                if args.variant:
+                    run = replace(run, method=f"{run.method}:{args.variant}")
+                if stream:
+                    with stream.open("a") as f:
+                        f.write(json.dumps(asdict(run)) + "\n")
+                runs.append(run)
     wall = time.monotonic() - t0
     rows = group(runs, truths)
     text = table(rows, truths)

@@ -47,6 +47,7 @@ class Pool:
     screen: Callable[[dict[str, Any]], tuple[bool, float | None]] | None = None
     index: dict[str, int] = field(default_factory=dict)
     tried: set[str] = field(default_factory=set)  # keys offered to grow(), kept or not
+    max_size: int = MAX_SIZE  # grow() adds no neighbours past this many rows
 
     def __post_init__(self) -> None:
         self.index = {k: i for i, k in enumerate(self.keys)}
@@ -55,7 +56,7 @@ class Pool:
         """Add those of ``configs`` that are new, break no rule and pass the screen (with a
         bound when the pool has bounds); ``measured`` ones need only the bound. Returns how
         many were added."""
-        if self.space is None or self.screen is None or (len(self.keys) >= MAX_SIZE and not measured):
+        if self.space is None or self.screen is None or (len(self.keys) >= self.max_size and not measured):
             return 0
         new, bounds = [], []
         for c in configs:

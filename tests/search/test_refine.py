@@ -18,6 +18,7 @@ from autotune.search import bo
 from autotune.search import refine
 from autotune.search.bo import PoolSampler
 from autotune.search.design import config_key
+from autotune.search.pool import Pool
 from autotune.search.pool import build_pool
 from autotune.search.pool import featurize
 from autotune.search.space import compile_space
@@ -102,7 +103,8 @@ def _search(refine_n: int, seed: int, n: int = 16) -> tuple[float, float]:
     shares of the optimum."""
     cfg = _config(speculation=False)
     space = compile_space(cfg)
-    pool = build_pool(space, lambda p: (True, None), seed)
+    sample = build_pool(space, lambda p: (True, None), seed)  # a sample: 4,000 random configurations
+    pool = Pool(sample.params[:40], sample.keys[:40], sample.X[:40], None, space, lambda p: (True, None))
     in_pool = max(_measure(p).metrics.get("decode_tps", 0.0) for p in pool.params)
     sampler = PoolSampler(space, lambda: pool, cfg.constraints, seed, n_startup=4, refine=refine_n)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -122,21 +124,20 @@ def _search(refine_n: int, seed: int, n: int = 16) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_pool_grows_to_the_ridge_at_the_crash_edge(seed, monkeypatch):
+def test_the_pool_grows_to_the_ridge_at_the_crash_edge(seed):
     """A pool of 40 random configurations (10 util values per seqs choice, ~0.045 apart) holds
     nothing within 1% of the edge; the sampler adds what is near the best measured, and a
     launch just past the edge teaches it where the edge is."""
-    monkeypatch.setattr("autotune.search.space.SAMPLES", 40)
     grown, in_pool = _search(bo.REFINE, seed)
     assert in_pool < 0.99 and grown >= 0.99 and grown > in_pool, (grown, in_pool)
     sampled, _ = _search(0, seed)
     assert sampled <= in_pool
 
 
-def test_growth_stops_at_the_size_cap_but_measured_trials_still_join(monkeypatch):
+def test_growth_stops_at_the_size_cap_but_measured_trials_still_join():
     space = compile_space(_config())
     pool = build_pool(space, lambda p: (True, None), seed=0, limit=100)
-    monkeypatch.setattr("autotune.search.pool.MAX_SIZE", len(pool.keys))
+    pool.max_size = len(pool.keys)
     center = pool.params[0]
     assert pool.grow(refine.neighbours(space, center)) == 0
     measured = {**center, "util": 0.61234}
