@@ -184,7 +184,8 @@ class Driver:
         interrupted = False
         try:
             self.ensure_reference()
-            self._loop(study, t0)
+            with stop.deferred():  # a stop raises while the loop waits, never mid-write
+                self._loop(study, t0)
             stop.check(self.stop_mark)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.run.stop.Stopped)
             interrupted, self.stopped = True, e
@@ -215,6 +216,7 @@ class Driver:
             over_time = cfg.study.timeout_s is not None and time.monotonic() - t0 > cfg.study.timeout_s
             while (not over_time and self.stop_reason is None and len(self.pending) < slots
                    and not exhausted(study) and launched + len(self.pending) < cfg.study.n_trials):
+                stop.check(self.stop_mark)  # between asks: a stop noted while deferred
                 why = self._ask_one(study)
                 refused = 0 if why is None else refused + 1
                 if refused >= cap:
@@ -230,7 +232,8 @@ class Driver:
                                         f"({launched} of study.n_trials={cfg.study.n_trials})")
                     self.report.note(self.stop_reason)
                 return
-            ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
+            with stop.interruptible(self.stop_mark):
+                ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
             if ready:  # tell everything already done before refilling
                 ready += self.placement.wait_all_done([r for r in self.pending if r not in ready])
             for ref in ready:

@@ -15,6 +15,12 @@ ignored, so the exports get written; SIGKILL still ends it at once.
 The signal is also kept (:func:`received`): a library that catches ``KeyboardInterrupt``
 on its way (a clean-clone CI run once lost a Ctrl-C that way) cannot swallow the stop, since
 the driver calls :func:`check` on every turn of its loop.
+
+Inside :func:`deferred` the signal is only noted: there the main thread asks, tells and logs
+through SQLite, and an exception raised mid-query once left Optuna's session holding a lock,
+so that marking the trials in flight interrupted failed with "database is locked" (exit 1,
+not 143). The driver runs its loop deferred and lets the stop raise at once only while it
+waits for trials (:func:`interruptible`), which is where a study spends its time.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ class Stopped(KeyboardInterrupt):
 # Ray's blocking calls (ray.wait, ray.get) run the handler from C++ and re-raise a plain
 # KeyboardInterrupt, so the signal is also kept here: the process has one set of handlers.
 _received: list[int] = []
+_deferring: list[bool] = [False]  # inside deferred(): note the signal, raise it at a check
 
 
 def received() -> int | None:
@@ -68,7 +75,8 @@ def _stop(signum: int, frame: object) -> None:  # noqa: ARG001
     for s in SIGNALS:
         signal.signal(s, _again)
     _received.append(signum)
-    raise Stopped(signum)
+    if not _deferring[0]:
+        raise Stopped(signum)
 
 
 def mark() -> int:
@@ -97,6 +105,29 @@ def install(fresh: bool = False) -> None:
         _received.clear()
     for s in SIGNALS:
         signal.signal(s, _again if _received else _stop)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A stop signal that comes inside is noted, not raised: :func:`check` (or entering
+    :func:`interruptible`) raises it where no database write is cut in two."""
+    before, _deferring[0] = _deferring[0], True
+    try:
+        yield
+    finally:
+        _deferring[0] = before
+
+
+@contextlib.contextmanager
+def interruptible(since: int = 0) -> Iterator[None]:
+    """Inside :func:`deferred`, a wait that a stop may cut at once: a stop noted since
+    ``since`` (a :func:`mark`) is raised on the way in, one that comes inside at once."""
+    check(since)
+    before, _deferring[0] = _deferring[0], False
+    try:
+        yield
+    finally:
+        _deferring[0] = before
 
 
 @contextlib.contextmanager

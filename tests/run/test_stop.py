@@ -92,3 +92,45 @@ def test_a_sigterm_during_ray_start_is_our_stop_not_rays_exit_15(handlers):
     with pytest.raises(SystemExit):  # any other exit goes through untouched
         with stop.ray_start():
             sys.exit(3)
+
+
+def test_deferred_notes_a_stop_that_comes_mid_write_and_interruptible_raises_it(handlers, tmp_path):
+    """The driver's loop asks and tells through SQLite: a stop raised mid-query once left
+    Optuna's session holding a lock, and marking the trials in flight interrupted then failed
+    ("database is locked", exit 1). Deferred, the writes finish and the stop comes after."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/optuna.db")
+    stop.install(fresh=True)
+    since = stop.mark()
+    with pytest.raises(stop.Stopped) as info:
+        with stop.deferred():
+            trial = study.ask()
+            os.kill(os.getpid(), signal.SIGTERM)  # lands during the writes below
+            for i in range(20):
+                trial.set_user_attr(f"k{i}", i)
+            study.tell(trial, 1.0)
+            assert stop.received() == signal.SIGTERM  # noted, not raised
+            with stop.interruptible(since):  # a wait for trials: the stop comes out at once
+                raise AssertionError("entered a wait with a stop pending")
+    assert info.value.signum == signal.SIGTERM
+    assert [t.user_attrs["k19"] for t in study.get_trials()] == [19]
+    study.enqueue_trial({})  # the database is not locked: the stop's own writes go through
+    assert len(study.get_trials()) == 2
+
+
+def test_interruptible_raises_a_stop_that_comes_inside_at_once(handlers):
+    stop.install(fresh=True)
+    since = stop.mark()
+    with stop.deferred():
+        with pytest.raises(stop.Stopped):
+            with stop.interruptible(since):
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(1000):
+                    pass
+                raise AssertionError("the signal raised nothing")
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal, deferred or not: only noted
+        for _ in range(1000):
+            pass
+    assert stop._deferring == [False]
