@@ -313,10 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--keep", help="work in this directory (kept) instead of a temporary one")
     ap.add_argument("--smoke", action="store_true",
-                    help="24 trials, 1 driver kill then 1 SIGTERM (what the test suite runs)")
+                    help="16 trials, one of each fault, 1 driver kill then 1 SIGTERM (what the test suite runs)")
     args = ap.parse_args(argv)
     if args.smoke:  # each stop lands mid-study (once a third of the trials left have started)
-        args.trials, args.kills, args.kill_window = 24, 1, (2.0, 6.0)
+        args.trials, args.kills, args.kill_window = 16, 1, (2.0, 6.0)
+        args.faulty = len(FAULTS) / (args.trials - 1)  # one trial of each fault
         args.sigterms, args.sigints = min(args.sigterms, 1), 0
     rng = random.Random(args.seed)
     random.seed(args.seed)
