@@ -108,26 +108,25 @@ def install(fresh: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """A stop signal that comes inside is noted, not raised: :func:`check` (or entering
-    :func:`interruptible`) raises it where no database write is cut in two."""
-    before, _deferring[0] = _deferring[0], True
+def _deferring_as(value: bool) -> Iterator[None]:
+    before, _deferring[0] = _deferring[0], value
     try:
         yield
     finally:
         _deferring[0] = before
 
 
-@contextlib.contextmanager
-def interruptible(since: int = 0) -> Iterator[None]:
+def deferred() -> contextlib.AbstractContextManager[None]:
+    """A stop signal that comes inside is noted, not raised: :func:`check` (or entering
+    :func:`interruptible`) raises it where no database write is cut in two."""
+    return _deferring_as(True)
+
+
+def interruptible(since: int = 0) -> contextlib.AbstractContextManager[None]:
     """Inside :func:`deferred`, a wait that a stop may cut at once: a stop noted since
     ``since`` (a :func:`mark`) is raised on the way in, one that comes inside at once."""
     check(since)
-    before, _deferring[0] = _deferring[0], False
-    try:
-        yield
-    finally:
-        _deferring[0] = before
+    return _deferring_as(False)
 
 
 @contextlib.contextmanager
