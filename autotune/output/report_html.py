@@ -204,7 +204,9 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
     parts = []
     for name, fig in figs.items():
         if fig is None:
-            parts.append(f"<p class='missing' id='{name}-missing'>{name}: not enough measured trials yet</p>")
+            why = ("one objective, so no front: the history below ranks the trials"
+                   if name == "pareto" and len(objectives) < 2 else "not enough measured trials yet")
+            parts.append(f"<p class='missing' id='{name}-missing'>{name}: {why}</p>")
         else:
             fig.update_layout(width=FIG_W, height=FIG_H)
             parts.append(f"<div class='plot'>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)}</div>")

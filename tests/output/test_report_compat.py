@@ -211,3 +211,19 @@ def test_a_real_study_reads_back_byte_for_byte_and_reports_as_before(local_ray, 
     write_pareto(again, front, objectives)
     for name in ("pareto.json", "pareto.csv"):
         assert (again / name).read_bytes() == (d / name).read_bytes(), name
+
+
+@pytest.mark.slow
+def test_a_single_objective_report_says_why_it_has_no_front(local_ray, tmp_path):
+    """One objective has no Pareto front however many trials ran: the page says so, not
+    "not enough measured trials yet"; the history is drawn."""
+    from autotune.output.report_html import write_report
+    from tests.helpers.ray_cluster import fake_config
+    from tests.helpers.ray_cluster import run_study
+
+    cfg, space = fake_config(tmp_path, ["study.n_trials=4", "space.duration_s.value=0.0",
+                                        "ray.max_concurrent=2", "objectives=[decode_tps]"])
+    run_study(cfg, space)
+    page = write_report(tmp_path / "study", tmp_path / "report", png=False)[0].read_text()
+    assert "pareto: one objective, so no front" in page
+    assert "pareto: not enough measured trials" not in page and 'id="history"' in page
