@@ -26,6 +26,7 @@ waits for trials (:func:`interruptible`), which is where a study spends its time
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -134,7 +135,14 @@ def ray_start() -> Iterator[None]:
     """Around ``ray.init``: its own SIGTERM handler (``sys.exit(signum)``) pre-empts ours from
     its first line, so a SIGTERM during Ray's start-up ends up here as ``SystemExit(15)``; it
     becomes :class:`Stopped` (after ``ray.shutdown``, which stops what Ray had started).
+
+    That ``SystemExit`` can also be lost: raised while a finalizer or a callback runs, Python
+    prints it and goes on (a clean-clone CI run once finished the whole study with exit 0
+    after a SIGTERM during ``ray.init``). So the signals that arrive inside are also read from
+    the process's wakeup fd, at the C level, whichever Python handler ran; a stop signal no
+    handler of ours noted is noted on the way out, and the caller's :func:`check` raises it.
     Our handlers are installed again either way."""
+    since, wake = len(_received), _Wakeup()
     try:
         yield
     except SystemExit as e:
@@ -146,4 +154,36 @@ def ray_start() -> Iterator[None]:
         _received.append(signal.SIGTERM)
         raise Stopped(signal.SIGTERM) from None
     finally:
+        came = [s for s in wake.close() if s in SIGNALS]
+        _received.extend(came[len(_received) - since:])  # those whose exception was lost
         install()
+
+
+class _Wakeup:
+    """The signal numbers the C-level handler writes to a pipe (``signal.set_wakeup_fd``)
+    from now until :meth:`close`; nothing in another thread than the main one."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.fds: tuple[int, int] | None = None
+        if threading.current_thread() is threading.main_thread():
+            self.fds = os.pipe()
+            for fd in self.fds:
+                os.set_blocking(fd, False)
+            self.before = signal.set_wakeup_fd(self.fds[1], warn_on_full_buffer=False)
+
+    def close(self) -> list[int]:
+        if self.fds is None:
+            return []
+        r, w = self.fds
+        current = signal.set_wakeup_fd(self.before)
+        if current != w:  # someone else's since: leave theirs
+            signal.set_wakeup_fd(current)
+        data = b""
+        with contextlib.suppress(BlockingIOError):
+            while chunk := os.read(r, 4096):
+                data += chunk
+        os.close(r)
+        os.close(w)
+        return list(data)

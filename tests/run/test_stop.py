@@ -134,3 +134,29 @@ def test_interruptible_raises_a_stop_that_comes_inside_at_once(handlers):
         for _ in range(1000):
             pass
     assert stop._deferring == [False]
+
+
+def test_a_sigterm_whose_exit_ray_start_never_sees_is_still_the_stop(handlers):
+    """Ray's handler's ``SystemExit`` raised inside a finalizer is printed and lost (a clean-clone
+    CI run finished its whole study with exit 0 after a SIGTERM during ``ray.init``): the
+    signal is read from the wakeup fd, noted on the way out, and the caller's check raises it."""
+    stop.install(fresh=True)
+    since = stop.mark()
+    with stop.ray_start():
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # a handler whose stop is lost
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):
+            pass
+    assert stop.received() == signal.SIGTERM
+    with pytest.raises(stop.Stopped) as info:
+        stop.check(since)
+    assert info.value.signum == signal.SIGTERM
+    assert signal.set_wakeup_fd(-1) == -1  # the wakeup fd given back
+
+
+def test_ray_start_notes_nothing_when_no_signal_came(handlers):
+    stop.install(fresh=True)
+    with stop.ray_start():
+        os.kill(os.getpid(), signal.SIGCHLD)  # not a stop signal
+    assert stop.received() is None
+    stop.check()
