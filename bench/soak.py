@@ -268,7 +268,15 @@ def audit(work: Path, items: list[dict], n_trials: int) -> dict:
     measured = [t for t in done if t not in interrupted]
     xs = [round(float(t.params.get("x", t.user_attrs.get("params", {}).get("x", -1))), 6) for t in measured]
     wanted = [round(i["x"], 6) for i in items]
-    baseline = [t for t in measured if t.number == 0 or t.user_attrs.get("role") == "baseline"]
+    rerun_of = {t.number: t.user_attrs.get("rerun_of") for t in trials}
+
+    def first_of(number: int) -> int:  # a re-run (of a re-run...) after a stop -> the first trial
+        while rerun_of.get(number) is not None:
+            number = rerun_of[number]
+        return number
+
+    # trial 0, or its re-run when a stop cut it (the driver's baseline is the same configuration)
+    baseline = [t for t in measured if first_of(t.number) == 0 or t.user_attrs.get("role") == "baseline"]
     lost = [x for x in wanted if x not in xs]
     dupes = sorted({x for x in xs if xs.count(x) > 1 and x in wanted})
     client = MlflowClient(tracking_uri=f"sqlite:///{work}/mlruns/mlflow.db")
