@@ -106,14 +106,18 @@ def seed_mlflow_db(db: Path) -> Path:
     return db
 
 
-def study_overrides(tmp_path: Path, name: str = "e2e", seed_mlflow: bool = False) -> list[str]:
+def study_overrides(tmp_path: Path, name: str = "e2e", seed_mlflow: bool = False,
+                    png: bool = False) -> list[str]:
     """Keep a study's files (Optuna, MLflow, exports) inside tmp_path; with ``seed_mlflow``,
-    the MLflow store starts as a copy of an empty one (:func:`seed_mlflow_db`)."""
+    the MLflow store starts as a copy of an empty one (:func:`seed_mlflow_db`). The end-of-run
+    report's PNGs (kaleido starts a headless Chromium: about 2.6 CPU-seconds a study) only
+    with ``png``: test_e2e checks them, test_commands checks those of the ``report`` verb."""
     if seed_mlflow:
         seed_mlflow_db(tmp_path / "mlruns" / "mlflow.db")
     return [
         f"study.name={name}", f"study.dir={tmp_path}/studies/{name}",
         f"tracking.uri=sqlite:///{tmp_path}/mlruns/mlflow.db", f"tracking.artifacts={tmp_path}/mlruns/artifacts",
+        *([] if png else ["report.png=false"]),
     ]
 
 

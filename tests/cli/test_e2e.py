@@ -19,6 +19,7 @@ from autotune.record.study import records
 from autotune.search.select import pareto_front
 from tests.conftest import run_cli
 from tests.conftest import study_overrides
+from tests.helpers.chromium import chromium_or_skip
 from tests.helpers.cli import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -35,7 +36,7 @@ SMALL = [
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("e2e")
-    args = ["run", *SMALL, *study_overrides(tmp)]  # a new MLflow store, as a user's
+    args = ["run", *SMALL, *study_overrides(tmp, png=True)]  # a new MLflow store, as a user's
     first = run_cli(args, tmp, timeout=900)
     return tmp, args, first
 
@@ -81,6 +82,18 @@ def test_exports_match_the_optuna_storage(study):
     assert kwargs["n_threads"] == summary["winner"]["params"]["n_threads"]
     sh = (d / "llama-server.sh").read_text()
     assert "llama-server" in sh and "127.0.0.1" in sh
+
+
+def test_the_run_ends_with_its_report(study):
+    """report.html always; the PNGs where kaleido finds a Chromium (CI installs one)."""
+    tmp, _, proc = study
+    out = tmp / "studies" / "e2e" / "report"
+    page = (out / "report.html").read_text()
+    assert "id=\"history\"" in page and "id=\"pareto\"" in page
+    chromium_or_skip()
+    drawn = [n for n in ("pareto", "history", "importance") if f"id='{n}-missing'" not in page]
+    for name in drawn:  # a PNG of each plot on the page
+        assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", proc.stderr[-2000:]
 
 
 def test_mlflow_runs_match_the_optuna_trials(study):
