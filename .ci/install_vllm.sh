@@ -27,6 +27,19 @@ if works; then
   exit 0
 fi
 
+# A failed install (no network, a full disk) removes the venv it created: a half-made .venv-vllm
+# would turn the vLLM tests from skips into errors, since they look for its python. A directory
+# that was there before is never removed.
+created=0
+[ -e "$VENV" ] || created=1
+cleanup() {
+  rc=$?
+  if [ "$rc" -ne 0 ] && [ "$created" = 1 ]; then
+    echo "install_vllm: failed (exit $rc); removing the half-made $VENV" >&2
+    rm -rf "$VENV"
+  fi
+}
+trap cleanup EXIT
 echo "install_vllm: creating $VENV with $BASE_PYTHON"
 "$BASE_PYTHON" -m venv "$VENV"
 "$PY" -m pip install --upgrade pip
