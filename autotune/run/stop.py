@@ -29,6 +29,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -98,8 +99,6 @@ def install(fresh: bool = False) -> None:
     ``fresh`` forgets a signal received before (each ``autotune`` command starts fresh, even
     when several run in one process, as in the tests).
     """
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         return
     if fresh:
@@ -164,8 +163,6 @@ class _Wakeup:
     from now until :meth:`close`; nothing in another thread than the main one."""
 
     def __init__(self) -> None:
-        import threading
-
         self.fds: tuple[int, int] | None = None
         if threading.current_thread() is threading.main_thread():
             self.fds = os.pipe()
