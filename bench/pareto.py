@@ -61,7 +61,7 @@ PAIRS = {  # surface -> the objective traded against decode_tps (the richest tru
     "llamacpp_7b": "vram_peak_gb",  # 20
     "cpu_7b": "ttft_p95_ms",  # 2
 }
-METHODS = {"default": "auto", "tpe": "tpe", "nsga2": "nsga2", "random": "random"}
+METHODS = {"default": "auto", "bo": "bo", "gp": "gp", "tpe": "tpe", "nsga2": "nsga2", "random": "random"}
 CHECKPOINTS = (10, 20, 30)
 TARGET = 0.90
 MARGIN = 0.1  # the reference point lies 10% of each objective's feasible range beyond its worst
@@ -148,6 +148,7 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
     from autotune.search.design import config_key
     from autotune.search.design import default_n_startup
     from autotune.search.design import startup_design
+    from autotune.search.pool import build_pool
     from autotune.search.samplers import make_sampler
     from autotune.search.samplers import resolve
     from autotune.search.samplers import uses_design
@@ -172,12 +173,13 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
         return pred.fits is not False, pred.decode_tps_upper
 
     sampler = make_sampler(st.sampler, seed, space, trials, n_startup, st.search,
-                           constraints=cfg.constraints)
+                           pool=lambda: build_pool(space, screen, seed), constraints=cfg.constraints,
+                           objectives=[o.metric for o in cfg.objectives])
     s = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
     baseline = baseline_params(space, cfg.engine.variants)
     design = []
     if uses_design(st.sampler):
-        part = FAST_PART[resolve(st.sampler, st.search)] if fast_part is None else fast_part
+        part = FAST_PART[resolve(st.sampler, st.search, len(cfg.objectives))] if fast_part is None else fast_part
         design = startup_design(space, n_startup - 1, seed, [baseline], screen, part)
     studylib.enqueue_initial(s, space, baseline, [], design)
     measured: dict[str, object] = {}

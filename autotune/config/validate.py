@@ -77,7 +77,7 @@ def validate_all(cfg: Config, space: Space, baseline: dict[str, Any]) -> None:
     """Everything that can be checked without running a trial."""
     validate_quality(cfg, space)
     validate_timeouts(cfg)
-    validate_sampler(cfg.study.sampler, space, cfg.study.search)
+    validate_sampler(cfg.study.sampler, space, cfg.study.search, len(cfg.objectives))
     validate_enqueue(space, baseline, cfg.study.enqueue)
     validate_reference(cfg, space)
     max_conc = space.engine.max_concurrency

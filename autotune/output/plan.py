@@ -97,7 +97,7 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
     budget = f"{cfg.study.n_trials} trials" + (
         f" or {cfg.study.timeout_s:g} s, whichever comes first" if cfg.study.timeout_s else "")
     c.print(f"budget: {budget}; each trial at most {cfg.study.trial_timeout_s:g} s")
-    name = resolve(cfg.study.sampler, cfg.study.search)
+    name = resolve(cfg.study.sampler, cfg.study.search, len(cfg.objectives))
     auto = "auto -> " if cfg.study.sampler == "auto" else ""
     c.print(f"sampler: {auto}{SAMPLER_NOTES.get(name, name)}, seed {cfg.study.seed}")
     c.print(f"trial 0: the baseline {baseline}", markup=False)

@@ -119,7 +119,7 @@ class Reporter:
         self.console.print(
             f"[bold]autotune[/bold] study [cyan]{c.study.name}[/cyan] ({what}), engine {c.engine.kind}, "
             f"sampler {c.study.sampler}"
-            + (f" ({resolve(c.study.sampler, c.study.search)})" if c.study.sampler == "auto" else "")
+            + (f" ({resolve(c.study.sampler, c.study.search, len(c.objectives))})" if c.study.sampler == "auto" else "")
             + f", {c.study.n_trials} trials; objectives "
             + ", ".join(f"{o.metric} ({o.direction})" for o in c.objectives)
             + ("; constraints " + ", ".join(map(str, c.constraints)) if c.constraints else "")

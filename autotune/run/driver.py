@@ -149,7 +149,7 @@ class Driver:
             return []
         queued = [baseline] + [self.space.restrict({**baseline, **e}) for e in st.enqueue]
         return startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
-                              FAST_PART[resolve(st.sampler, st.search)])
+                              FAST_PART[resolve(st.sampler, st.search, len(self.cfg.objectives))])
 
     # ---- the loop ------------------------------------------------------------------
     def run(self) -> StudySummary:
@@ -158,7 +158,7 @@ class Driver:
         stop.install()  # after ray.init (Placement), whose own SIGTERM handlers would pre-empt ours
         sampler = make_sampler(cfg.study.sampler, cfg.study.seed, self.space, cfg.study.n_trials,
                                self.n_startup(), cfg.study.search, pool=self.pool,
-                               constraints=cfg.constraints)
+                               constraints=cfg.constraints, objectives=[o.metric for o in cfg.objectives])
         study, resumed = studylib.open_study(cfg, sampler)
         if not resumed:
             baseline = baseline_params(self.space, cfg.engine.variants)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 from typing import Any
 
@@ -44,6 +45,7 @@ from threadpoolctl import threadpool_limits
 
 from autotune.record.study import trial_attrs
 from autotune.search import batch as batchlib
+from autotune.search import front as frontlib
 from autotune.search import refine
 from autotune.search.design import config_key
 from autotune.search.pool import Pool
@@ -79,6 +81,11 @@ BATCH = "fantasy"
 # parallel proposals' spread (tests/search/test_bo_batch.py); 0.2 does not. Report-set figures
 # and every variant tried: bench/results/robust.txt.
 LENGTH_SCALE_MIN = 0.2
+# A Pareto search's GPs keep the old floor: the front is a staircase of small steps (a VRAM
+# step, a thread more), which a scale of 0.2 of the range smooths away. bench/pareto.py's tune
+# seeds (0-9 of its four surfaces), studies at 90% of the true front's hypervolume by trial 20:
+# 30/40 with a floor of 0.2, 33/40 with 0.05 (bench/results/pareto.txt).
+PARETO_LENGTH_SCALE_MIN = 0.05
 # A pool that samples its space grows around the REFINE best measured configurations at each
 # ask (autotune.search.refine): a narrow optimum need not be among the sampled ones.
 REFINE = 2
@@ -88,9 +95,10 @@ class _GP:
     """A fitted GP (and its kernel, to add trials in flight without refitting)."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray,
-                 kernel: Any = None, optimize: bool = True) -> None:
+                 kernel: Any = None, optimize: bool = True, floor: float | None = None) -> None:
         """``kernel``: start from these hyperparameters (a warm start, no restarts), or keep
-        them as they are when not ``optimize``."""
+        them as they are when not ``optimize``; ``floor``: the length scales' lower bound
+        (default ``LENGTH_SCALE_MIN``)."""
         from sklearn.gaussian_process import GaussianProcessRegressor
         from sklearn.gaussian_process.kernels import ConstantKernel
         from sklearn.gaussian_process.kernels import Matern
@@ -99,7 +107,7 @@ class _GP:
         cold = kernel is None
         if cold:
             kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
-                length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(LENGTH_SCALE_MIN, 20.0),
+                length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(LENGTH_SCALE_MIN if floor is None else floor, 20.0),
                 nu=2.5) + WhiteKernel(1e-2, (1e-5, 0.5))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a length scale at its bound is fine here
@@ -128,7 +136,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
     def __init__(self, space: Space, pool_fn: Callable[[], Pool], constraints: list[Constraint],
                  seed: int | None = None, n_startup: int = 2, max_train: int = MAX_TRAIN,
                  max_candidates: int = MAX_CANDIDATES, batch: str | None = None,
-                 refine: int | None = None) -> None:
+                 refine: int | None = None, objectives: Sequence[str] = ()) -> None:
+        self.objectives = list(objectives)  # the metrics of a Pareto search, in study order
         self.batch = batch or BATCH
         if self.batch not in batchlib.MODES:
             raise ValueError(f"batch={self.batch!r}: expected one of {', '.join(batchlib.MODES)}")
@@ -141,6 +150,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         self.last_sizes: dict[str, int] = {}  # the last ask's training and candidate set sizes
         self._kernels: dict[str, Any] = {}  # each GP's last fitted hyperparameters
         self._asks = 0
+        self._pareto = False  # a Pareto search (set at each model ask from the study's directions)
         self._pool_fn = pool_fn
         self._pool: Pool | None = None
         self._rng = np.random.default_rng(seed)
@@ -204,6 +214,9 @@ class PoolSampler(optuna.samplers.BaseSampler):
         pending = pool.X[rows_p]
         rows_ok = np.array([row[t.number] for t in ok])
         seed = int(self._rng.integers(2**31))
+        self._pareto = len(study.directions) > 1
+        if self._pareto:
+            return self._choose_front(study, ok, launched, row, pending, keys, seed)
 
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         values = np.array([t.values[0] for t in ok], dtype=float)
@@ -249,11 +262,64 @@ class PoolSampler(optuna.samplers.BaseSampler):
                 Xc, mu, pending, mu_p + prior[rows_p], sd_p, best, scale, self._rng)
         return pool.params[int(cand[np.argmax(acq + log_pf)])]
 
+    def _choose_front(self, study: optuna.Study, ok: list[FrozenTrial], launched: list[FrozenTrial],
+                      row: dict[int, int], pending: np.ndarray, keys: dict[int, str], seed: int) -> dict[str, Any]:
+        """A Pareto search over two objectives: the free configuration with the highest
+        expected hypervolume improvement (:mod:`autotune.search.front`) over the posterior
+        means of the measured-feasible front, times the probability that it is feasible.
+        Trials in flight enter each GP at their posterior mean (kriging believer)."""
+        pool = self.pool
+        rows_ok = np.array([row[t.number] for t in ok])
+        feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
+        directions = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
+        values = np.array([t.values for t in ok], dtype=float)
+        logged = np.all(values > 0, axis=0)
+        Y = np.where(logged, np.log(np.where(values > 0, values, 1.0)), values) * np.where(directions, 1.0, -1.0)
+        on_front = rows_ok[_front_rows(Y, feasible)]
+        if pool.space is not None and self.refine:
+            ends = list(dict.fromkeys([*on_front[:1], *on_front[-1:]]))  # the front's two ends
+            for r in ends[: self.refine]:
+                pool.grow(refine.neighbours(pool.space, pool.params[r]))
+        priors = []
+        for j, maximize in enumerate(directions):
+            prior = np.zeros(len(pool.keys))
+            if (pool.log_bound is not None and logged[j] and maximize and j < len(self.objectives)
+                    and self.objectives[j] == "decode_tps"):
+                trust = np.linalg.lstsq(np.vstack([pool.log_bound[rows_ok], np.ones(len(ok))]).T,
+                                        Y[:, j], rcond=None)[0][0]
+                prior = float(np.clip(trust, 0.0, 1.0)) * pool.log_bound
+            priors.append(prior)
+        free = self._free(keys)
+        if not len(free):
+            return None
+        cand = free[candidate_rows(pool.X, free, pool.log_bound, on_front, self.max_candidates, self._rng)]
+        Xc = pool.X[cand]
+        sel = train_rows(Y.sum(axis=1), feasible, self.max_train, self._rng)
+        rows_s = rows_ok[sel]
+        mu, sd, front = np.zeros((len(cand), 2)), np.ones((len(cand), 2)), np.zeros((int(feasible.sum()), 2))
+        for j in range(Y.shape[1]):
+            gp = self._gp(f"objective{j}", pool.X[rows_s], Y[sel, j] - priors[j][rows_s], seed, pending)
+            m, s = gp.predict(Xc)
+            mu[:, j], sd[:, j] = m + priors[j][cand], s
+            if feasible.any():
+                front[:, j] = gp.fitted.predict(pool.X[rows_ok[feasible]]) + priors[j][rows_ok[feasible]]
+        sel_launched = train_rows(np.array([trial_attrs(t).status != "ok" for t in launched], dtype=float),
+                                  np.array([trial_attrs(t).status != "ok" for t in launched]),
+                                  self.max_train, self._rng)
+        log_pf = self._log_p_feasible([ok[i] for i in sel], [launched[i] for i in sel_launched],
+                                      row, pending, Xc, seed)
+        self.last_sizes = {"train": len(sel), "candidates": len(cand)}
+        if not len(front):  # nothing feasible yet: the likeliest feasible, better first
+            return pool.params[int(cand[np.argmax(log_pf + 1e-3 * mu.sum(axis=1))])]
+        acq = frontlib.log_ehvi(mu, sd, front, frontlib.reference(front, span=np.ptp(Y, axis=0)))
+        return pool.params[int(cand[np.argmax(acq + log_pf)])]
+
     def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> _GP:
         """A GP for ``name``: past WARM_FROM trials warm-started from its last hyperparameters,
         re-optimised every REFIT_EVERY asks and kept as they are in between."""
         kernel = self._kernels.get(name) if len(y) > WARM_FROM else None
-        gp = _GP(X, y, seed, pending, kernel, optimize=self._asks % REFIT_EVERY == 0)
+        gp = _GP(X, y, seed, pending, kernel, optimize=self._asks % REFIT_EVERY == 0,
+                 floor=PARETO_LENGTH_SCALE_MIN if self._pareto else None)
         self._kernels[name] = gp.fitted.kernel_
         return gp
 
@@ -275,6 +341,15 @@ class PoolSampler(optuna.samplers.BaseSampler):
             mu, sd = self._gp("runs", X, ran, seed, pending).predict(Xf)
             out += norm.logcdf(mu / sd)
         return out
+
+
+def _front_rows(Y: np.ndarray, feasible: np.ndarray) -> np.ndarray:
+    """Indices of the feasible rows of ``Y`` (every column maximised) that no other feasible row
+    dominates, by the first column, best first."""
+    idx = np.flatnonzero(feasible)
+    F = Y[idx]
+    keep = [i for i, p in zip(idx, F) if not np.any(np.all(F >= p, axis=1) & np.any(F > p, axis=1))]
+    return np.array(sorted(keep, key=lambda i: -Y[i, 0]), dtype=int)
 
 
 def train_rows(score: np.ndarray, feasible: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:

@@ -50,25 +50,26 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def resolve(name: str, search: str = "single") -> str:
-    """The sampler ``study.sampler`` names; ``auto`` is bo (single search) or, for a Pareto
-    search, gp (tpe when torch, which Optuna's GPSampler needs, is not installed)."""
+def resolve(name: str, search: str = "single", n_objectives: int = 2) -> str:
+    """The sampler ``study.sampler`` names; ``auto`` is bo (a single search, or a Pareto search
+    over two objectives) or, for three objectives or more, gp (tpe when torch, which Optuna's
+    GPSampler needs, is not installed)."""
     if name != "auto":
         return name
-    if search == "single":
+    if search == "single" or n_objectives <= 2:
         return "bo"
     return "gp" if torch_available() else "tpe"
 
 
-def validate_sampler(name: str, space: Space, search: str = "single") -> None:
+def validate_sampler(name: str, space: Space, search: str = "single", n_objectives: int = 2) -> None:
     """Refuse, before anything is written, a sampler that cannot search ``space``."""
-    name = resolve(name, search)
+    name = resolve(name, search, n_objectives)
     if name == "gp" and not torch_available():
         raise ConfigError("study.sampler", name, "the GP sampler needs torch, which is not installed",
                           "Install it (pip install torch==2.13.0) or use sampler tpe")
-    if name == "bo" and search == "pareto":
-        raise ConfigError("study.sampler", name, "bo searches one objective (study.search: single)",
-                          "Use study.search single, or sampler tpe, gp or nsga2 for a Pareto search")
+    if name == "bo" and search == "pareto" and n_objectives > 2:
+        raise ConfigError("study.sampler", name, f"bo's Pareto search takes two objectives, not {n_objectives}",
+                          "Use sampler gp, tpe or nsga2 for three objectives or more")
     if name == "grid":
         conditional = [p.name for p in space.params.values() if p.when is not None]
         if conditional:
@@ -85,22 +86,23 @@ def uses_design(name: str) -> bool:
 def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
                  n_startup: int | None = None, search: str = "single",
                  pool: Callable[[], Pool] | None = None,
-                 constraints: Sequence[Constraint] = ()) -> optuna.samplers.BaseSampler:
+                 constraints: Sequence[Constraint] = (),
+                 objectives: Sequence[str] = ()) -> optuna.samplers.BaseSampler:
     """Build the sampler named in ``study.sampler``; ``n_startup`` trials precede its model.
 
     ``pool`` builds bo's pool of launchable configurations (default: rules and the engine's
     check only, no prediction); ``constraints`` are the study's, which bo models.
     """
-    name = resolve(name, search)
+    name = resolve(name, search, max(len(objectives), 1))
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     startup = max(4, min(10, n_trials // 3)) if n_startup is None else n_startup
-    validate_sampler(name, space, search)
+    validate_sampler(name, space, search, max(len(objectives), 1))
     if name == "bo":
         from autotune.search.bo import PoolSampler
         from autotune.search.pool import build_pool
 
         return PoolSampler(space, pool or (lambda: build_pool(space, lambda _p: (True, None), seed)),
-                           list(constraints), seed, n_startup=startup)
+                           list(constraints), seed, n_startup=startup, objectives=objectives)
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, group=True, constant_liar=True,

@@ -1,10 +1,12 @@
 """The Pareto search: ``study.search: pareto`` is constrained multi-objective BO by default.
 
-``auto`` resolves to Optuna's ``GPSampler`` (LogCEHVI: one GP per objective and per
-constraint) behind the startup design; the named samplers stay selectable; ``bo`` is refused
-in one line. The sampler reads the constraints the driver sets with ``trial.set_constraint``
-and stays out of an infeasible region that the objectives pull it towards. A real CLI study
-on the fake engine runs it end to end, and bench/pareto.py's smoke run scores it.
+``auto`` resolves to ``bo`` for two objectives (exact EHVI over the pool:
+tests/search/test_bo_pareto.py) and to Optuna's ``GPSampler`` (LogCEHVI: one GP per objective
+and per constraint) for three or more, behind the startup design; the named samplers stay
+selectable; ``bo`` with three objectives is refused in one line. The GP sampler reads the
+constraints the driver sets with ``trial.set_constraint`` and stays out of an infeasible
+region that the objectives pull it towards. Real CLI studies on the fake engine run both end
+to end, and bench/pareto.py's smoke run scores them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import optuna
 import pytest
 
 from autotune.errors import ConfigError
+from autotune.search.bo import PoolSampler
 from autotune.search.samplers import make_sampler
 from autotune.search.samplers import resolve
 from autotune.search.samplers import torch_available
@@ -29,12 +32,20 @@ ROOT = Path(__file__).resolve().parents[2]
 needs_torch = pytest.mark.skipif(not torch_available(), reason="GPSampler needs torch")
 
 
+def test_auto_is_bo_for_two_objectives_behind_the_design():
+    assert resolve("auto", "pareto") == resolve("auto", "pareto", 2) == "bo"
+    assert resolve("auto", "single", 3) == "bo"
+    sampler = make_sampler("auto", 0, None, 30, 8, "pareto", objectives=["decode_tps", "vram_peak_gb"])
+    assert isinstance(sampler, PoolSampler) and sampler.objectives == ["decode_tps", "vram_peak_gb"]
+    assert uses_design("auto") and uses_design("bo")
+
+
 @needs_torch
-def test_auto_is_the_constrained_gp_for_a_pareto_search_behind_the_design():
-    assert resolve("auto", "pareto") == "gp"
-    assert resolve("auto", "single") == "bo"
-    assert isinstance(make_sampler("auto", 0, None, 30, 8, "pareto"), optuna.samplers.GPSampler)
-    assert uses_design("auto") and uses_design("gp")
+def test_auto_is_the_constrained_gp_for_three_objectives():
+    assert resolve("auto", "pareto", 3) == "gp"
+    sampler = make_sampler("auto", 0, None, 30, 8, "pareto", objectives=["decode_tps", "vram_peak_gb", "ttft_p95_ms"])
+    assert isinstance(sampler, optuna.samplers.GPSampler)
+    assert uses_design("gp")
 
 
 @pytest.mark.parametrize(("name", "cls"), [
@@ -47,18 +58,20 @@ def test_named_samplers_stay_selectable_for_a_pareto_search(name, cls):
     assert isinstance(make_sampler(name, 0, None, 30, 8, "pareto"), cls)
 
 
-def test_bo_is_refused_for_a_pareto_search_in_one_line():
-    with pytest.raises(ConfigError, match="bo searches one objective") as e:
-        validate_sampler("bo", None, "pareto")
+def test_bo_is_refused_for_a_pareto_search_over_three_objectives_in_one_line():
+    validate_sampler("bo", None, "pareto", 2)
+    with pytest.raises(ConfigError, match="bo's Pareto search takes two objectives, not 3") as e:
+        validate_sampler("bo", None, "pareto", 3)
     assert e.value.path == "study.sampler" and "\n" not in str(e.value)
 
 
-def test_the_cli_refuses_bo_for_pareto_with_one_line_and_writes_nothing(cli, tmp_path):
+def test_the_cli_refuses_bo_for_three_objectives_with_one_line_and_writes_nothing(cli, tmp_path):
     done = cli("run", "conf=fake_gpus", "study.search=pareto", "study.sampler=bo",
-               *study_overrides(tmp_path, "refused"), timeout=120)
+               "objectives=[decode_tps,ttft_p95_ms,vram_peak_gb]", *study_overrides(tmp_path, "refused"),
+               timeout=120)
     err = [x for x in done.stderr.splitlines() if x.strip()]
     assert done.returncode == 2 and len(err) == 1, done.stdout[-1500:] + done.stderr[-1500:]
-    assert "study.sampler" in err[0] and "bo searches one objective" in err[0]
+    assert "study.sampler" in err[0] and "takes two objectives, not 3" in err[0]
     assert not (tmp_path / "studies" / "refused").exists()
 
 
@@ -69,7 +82,7 @@ def _objectives(x: float, y: float) -> tuple[float, float]:
 
 def _proposals(constrained: bool, n: int = 6) -> list[float]:
     """y of the GP sampler's ``n`` proposals after a 3 x 3 design, feasible iff y <= 0.4."""
-    sampler = make_sampler("auto", 0, None, 20, 9, "pareto")
+    sampler = make_sampler("gp", 0, None, 20, 9, "pareto")
     study = optuna.create_study(directions=["maximize", "maximize"], sampler=sampler)
     for x in (0.1, 0.5, 0.9):
         for y in (0.1, 0.5, 0.9):
@@ -95,14 +108,15 @@ def test_the_gp_sampler_reads_set_constraint_and_avoids_the_infeasible_region():
 
 
 @pytest.mark.slow
-@needs_torch
-def test_a_real_pareto_study_runs_the_gp_sampler_end_to_end(cli, tmp_path):
+@pytest.mark.parametrize(("sampler", "shown"), [
+    ("auto", "sampler auto (bo)"), pytest.param("gp", "sampler gp", marks=needs_torch)])
+def test_a_real_pareto_study_runs_end_to_end(cli, tmp_path, sampler, shown):
     done = cli("run", "conf=fake_gpus", "study.search=pareto", "study.n_trials=8", "study.n_startup=4",
-               "space.duration_s.value=0.0", "ray.max_concurrent=1", "ray.num_cpus=2", "select.top_k=0",
-               "report.enabled=false", "tracking.enabled=false", *study_overrides(tmp_path, "par"),
-               timeout=400)
+               f"study.sampler={sampler}", "space.duration_s.value=0.0", "ray.max_concurrent=1",
+               "ray.num_cpus=2", "select.top_k=0", "report.enabled=false", "tracking.enabled=false",
+               *study_overrides(tmp_path, "par"), timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "sampler auto (gp)" in done.stdout
+    assert shown in done.stdout
     study_dir = tmp_path / "studies" / "par"
     summary = json.loads((study_dir / "summary.json").read_text())
     assert summary["n_trials"] == 8
