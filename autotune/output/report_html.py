@@ -51,6 +51,17 @@ def _feasible(t: optuna.trial.FrozenTrial) -> bool:
     return all(v <= 0 for v in (getattr(t, "constraints", None) or {}).values())
 
 
+def _broken(t: optuna.trial.FrozenTrial, metrics: dict[str, float]) -> str:
+    """Which constraints a measured trial broke, with the value measured: ``ttft_p95_ms <= 2000
+    (measured 2315)``; empty when it broke none."""
+    out = []
+    for name, violation in (getattr(t, "constraints", None) or {}).items():
+        if violation > 0:
+            value = metrics.get(str(name).split()[0])
+            out.append(f"{name}" + (f" (measured {value:.4g})" if isinstance(value, (int, float)) else ""))
+    return ("broke " + "; ".join(out)) if out else ""
+
+
 def _copy(study: optuna.Study, metrics: list[str]) -> tuple[optuna.Study, list[int]]:
     """In-memory study whose values are ``metrics`` (from the trials' measured metrics).
 
@@ -142,7 +153,7 @@ def trials_table(study: optuna.Study, metrics: list[str]) -> str:
         ok = status == "ok" and t.state == TrialState.COMPLETE and _feasible(t)
         params = a.params or t.params
         cells = [str(t.number), status, "yes" if ok else "no", *[_cell(a.metrics.get(k)) for k in metrics],
-                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(a.reason)]
+                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(a.reason or _broken(t, a.metrics))]
         rows.append(f"<tr class='{html.escape(status)}'>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ("<table id='trials'><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "\n".join(rows) + "</tbody></table>")

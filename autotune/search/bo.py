@@ -27,6 +27,12 @@ The next configuration maximises expected improvement over the best feasible pos
 succeeds. Trials in flight (``ray.max_concurrent > 1``) enter the acquisition as ``BATCH``
 says (:mod:`autotune.search.batch`: kriging believer, fantasies or local penalization), so
 parallel proposals spread out; the startup design counts them as started.
+
+A Pareto search over two objectives (``study.search: pareto``) fits one GP per objective (the
+decode-speed prior on decode speed) and proposes the configuration with the highest expected
+hypervolume improvement over the posterior means of the measured-feasible front, exact in two
+dimensions (:mod:`autotune.search.front`), times the same probability of feasibility; trials
+in flight enter each GP at their posterior mean.
 """
 
 from __future__ import annotations
@@ -129,8 +135,9 @@ class PoolSampler(optuna.samplers.BaseSampler):
 
     ``pool_fn`` builds the pool on first use. Until ``n_startup`` trials were launched (the
     driver's startup design normally provides them) and two of them ran, it proposes pool
-    configurations at random. Only single-objective studies: the told value is the scalar
-    the winner is chosen by; the constraints' values are read from each trial's metrics.
+    configurations at random. A single-objective study tells the scalar the winner is chosen
+    by; a two-objective study (a Pareto search) tells both objectives, named in ``objectives``
+    in study order. The constraints' values are read from each trial's metrics.
     """
 
     def __init__(self, space: Space, pool_fn: Callable[[], Pool], constraints: list[Constraint],
