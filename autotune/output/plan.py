@@ -99,7 +99,10 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
     c.print(f"budget: {budget}; each trial at most {cfg.study.trial_timeout_s:g} s")
     name = resolve(cfg.study.sampler, cfg.study.search, len(cfg.objectives))
     auto = "auto -> " if cfg.study.sampler == "auto" else ""
-    c.print(f"sampler: {auto}{SAMPLER_NOTES.get(name, name)}, seed {cfg.study.seed}")
+    note = SAMPLER_NOTES.get(name, name)
+    if name == "bo" and cfg.study.search == "pareto":
+        note = note[:-1] + "; expected hypervolume improvement of the two objectives' front)"
+    c.print(f"sampler: {auto}{note}, seed {cfg.study.seed}")
     c.print(f"trial 0: the baseline {baseline}", markup=False)
     for i, item in enumerate(cfg.study.enqueue):
         c.print(f"trial {i + 1}: enqueued {item}", markup=False)

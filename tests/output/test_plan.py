@@ -83,6 +83,11 @@ PRESETS = [
         ],
     ),
     (
+        ["conf=command_example", "study.search=pareto"],
+        ["sampler: auto -> bo (Gaussian process over the launchable configurations, speed prediction "
+         "as prior; expected hypervolume improvement of the two objectives' front), seed 0"],
+    ),
+    (
         ["conf=hydra_cluster"],
         [
             "kind: exllamav2",
