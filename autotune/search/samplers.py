@@ -1,14 +1,15 @@
 """Optuna samplers chosen in config: auto (default), bo, tpe, gp, nsga2, random, grid.
 
-``auto`` is ``bo`` for a single-objective search (``study.search: single``) and Optuna's
-``GPSampler`` for ``study.search: pareto`` (TPE when torch is not installed). ``bo``
-(:mod:`autotune.search.bo`) scores only configurations that can launch and uses the engine's
-speed prediction as its prior; on the bench surfaces (bench/efficiency.py) it reached 95% of
-the optimum in fewer trials than TPE and Optuna's GP. For a Pareto search the GP sampler is
-constrained multi-objective BO: one GP per objective and per constraint, proposals by log
-constrained expected hypervolume improvement (LogCEHVI). On the bench surfaces
-(bench/results/pareto.txt) it reached 90% of the true feasible front's hypervolume by trial 20
-in 68% of studies, TPE in 56%, random in 21%.
+``auto`` is ``bo`` for a single-objective search (``study.search: single``) and for a Pareto
+search over two objectives, and Optuna's ``GPSampler`` for three objectives or more (TPE when
+torch is not installed). ``bo`` (:mod:`autotune.search.bo`) scores only configurations that can
+launch and uses the engine's speed prediction as its prior; on the bench surfaces
+(bench/efficiency.py) it reached 95% of the optimum in fewer trials than TPE and Optuna's GP.
+Its Pareto search proposes by the exact expected hypervolume improvement of the measured
+feasible front times P(feasible) (:mod:`autotune.search.front`); on the bench surfaces
+(bench/results/pareto.txt, report seeds) it reached 90% of the true feasible front's
+hypervolume by trial 20 in 80% of studies, GPSampler (constrained LogEHVI) in 68%, TPE in 56%,
+random in 21%.
 
 TPE is multivariate with ``group=True`` (conditional spaces) and ``constant_liar=True`` so
 trials in flight push parallel proposals apart. Constraints reach every sampler through
