@@ -14,6 +14,7 @@ else the machine runs), and writes bench/results/sampler_cost.txt.
     python bench/sampler_cost.py                  # 1,000 trials on 100k configurations
     python bench/sampler_cost.py --smoke          # 20 trials on 2,000 configurations (seconds)
     python bench/sampler_cost.py --trials 300 --out /tmp/cost.txt
+    python bench/sampler_cost.py --pareto         # bo's Pareto search: decode up, TTFT down
 """
 
 from __future__ import annotations
@@ -39,11 +40,13 @@ from autotune.search.space import compile_space  # noqa: E402
 from autotune.trial.spec import TrialResult  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sampler_cost.txt"
+RESULTS_PARETO = ROOT / "bench" / "results" / "sampler_cost_pareto.txt"
 MODES = [f"m{i}" for i in range(10)]
 
 
-def config(a_high: int):
-    """A command-engine config of ``(a_high + 1) * 20 * 10 * 10`` configurations."""
+def config(a_high: int, pareto: bool = False):
+    """A command-engine config of ``(a_high + 1) * 20 * 10 * 10`` configurations (``pareto``:
+    a Pareto search of decode speed against TTFT)."""
     knobs = {"a": {"type": "int", "low": 0, "high": a_high}, "b": {"type": "int", "low": 0, "high": 19},
              "c": {"type": "int", "low": 0, "high": 9}, "mode": {"type": "str", "choices": MODES}}
     return load_config({
@@ -52,8 +55,9 @@ def config(a_high: int):
         "space": {"a": {"type": "int", "low": 0, "high": a_high}, "b": {"type": "int", "low": 0, "high": 19},
                   "c": {"type": "int", "low": 0, "high": 9},
                   "mode": {"type": "categorical", "choices": MODES}},
-        "objectives": ["decode_tps"], "constraints": ["ttft_p95_ms <= 400"],
-        "quality": {"enabled": False}, "study": {"sampler": "bo"},
+        "objectives": ["decode_tps", "ttft_p95_ms"] if pareto else ["decode_tps"],
+        "constraints": ["ttft_p95_ms <= 400"], "quality": {"enabled": False},
+        "study": {"sampler": "bo", "search": "pareto" if pareto else "single"},
     })
 
 
@@ -69,7 +73,8 @@ def bound(p: dict, a_high: int) -> float:
     return 60 * math.exp(-3 * (p["a"] / max(a_high, 1) - 0.6) ** 2) + 2 * p["c"] + 20
 
 
-def run(size: int, trials: int, seed: int, cap_s: float, every: int) -> list[tuple[int, float, float]]:
+def run(size: int, trials: int, seed: int, cap_s: float, every: int,
+        pareto: bool = False) -> list[tuple[int, float, float]]:
     """(trials told before the ask, wall seconds, CPU seconds of that ask) for each timed ask.
 
     Only every ``every``-th trial is asked of the sampler and timed; the others are pool
@@ -77,13 +82,14 @@ def run(size: int, trials: int, seed: int, cap_s: float, every: int) -> list[tup
     so a long study is reached quickly. What an ask costs depends on what was told, not on
     who chose it."""
     a_high = max(1, size // 2000) - 1
-    cfg = config(a_high)
+    cfg = config(a_high, pareto)
     space = compile_space(cfg)
     t0 = time.perf_counter()
     pool = build_pool(space, lambda p: (True, bound(p, a_high)), seed)
     print(f"pool: {len(pool.keys)} configurations, {pool.X.shape[1]} features, "
           f"built in {time.perf_counter() - t0:.1f} s", flush=True)
-    sampler = PoolSampler(space, lambda: pool, cfg.constraints, seed, n_startup=8)
+    sampler = PoolSampler(space, lambda: pool, cfg.constraints, seed, n_startup=8,
+                          objectives=[o.metric for o in cfg.objectives])
     study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
     rng = np.random.default_rng(seed)
     out = []
@@ -132,21 +138,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="time every Nth ask; the trials between are random pool configurations")
     ap.add_argument("--cap", type=float, default=60.0, help="stop once one ask takes longer (s)")
     ap.add_argument("--smoke", action="store_true", help="20 trials on 2,000 configurations (seconds)")
-    ap.add_argument("--out", type=Path, default=None, help=f"write the curve here (default {RESULTS})")
+    ap.add_argument("--pareto", action="store_true", help="a Pareto search over decode speed and TTFT")
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"write the curve here (default {RESULTS}, or {RESULTS_PARETO.name} with --pareto)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.size, args.trials, args.window, args.every = 2000, 20, 5, 1
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     t0 = time.perf_counter()
-    times = run(args.size, args.trials, args.seed, args.cap, args.every)
+    times = run(args.size, args.trials, args.seed, args.cap, args.every, args.pareto)
     load = os.getloadavg()[0]
-    lines = [f"bo, seconds per ask: {args.size:,}-configuration space, {args.trials} trials "
+    lines = [f"bo{' (Pareto search: decode_tps up, ttft_p95_ms down)' if args.pareto else ''}, seconds per ask: {args.size:,}-configuration space, {args.trials} trials "
              f"({f'every {args.every}th asked and timed' if args.every > 1 else 'every ask timed'}, "
              f"{len(times)} asks timed), "
              f"seed {args.seed}, {time.perf_counter() - t0:.0f} s in all, load average at the end "
              f"{load:.1f} on {os.cpu_count()} cores", *table(times, args.window)]
     print("\n".join(lines))
-    out = args.out or (None if args.smoke else RESULTS)
+    out = args.out or (None if args.smoke else RESULTS_PARETO if args.pareto else RESULTS)
     if out is not None:
         out.write_text("\n".join(lines) + "\n")
     return 0

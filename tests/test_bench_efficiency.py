@@ -92,12 +92,13 @@ def test_quick_bench_through_the_real_cli(tmp_path):
         assert fast.rc == 0 and list(fast.curve) == run["curve"], (run["method"], fast.error)
 
 
-@pytest.mark.parametrize("bench", ["efficiency.py", "sampler_cost.py"])
+@pytest.mark.parametrize("bench", [["efficiency.py"], ["sampler_cost.py"], ["sampler_cost.py", "--pareto"]])
 def test_bench_smoke_mode_runs_in_seconds_and_exits_0(bench):
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / bench), "--smoke"], capture_output=True,
-                         text=True, timeout=300, cwd=ROOT)
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / bench[0]), "--smoke", *bench[1:]],
+                         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
-    assert ("random" in out.stdout) if bench == "efficiency.py" else ("s/ask" in out.stdout)
+    assert ("random" in out.stdout) if bench[0] == "efficiency.py" else ("s/ask" in out.stdout)
+    assert ("Pareto search" in out.stdout) == ("--pareto" in bench)
 
 
 def test_efficiency_reports_a_wilson_interval_and_quartiles():
