@@ -16,6 +16,7 @@ import pytest
 from autotune.config.schema import load_config
 from autotune.record import study as studylib
 from autotune.search.bo import PoolSampler
+from autotune.search.design import config_key
 from autotune.search.front import log_ehvi
 from autotune.search.front import nondominated
 from autotune.search.front import reference
@@ -124,3 +125,20 @@ def test_bo_finds_the_true_feasible_front_and_stays_out_of_the_infeasible_region
     assert sum(p["a"] > 12 for p in seen[4:]) <= 2  # past the TTFT bound, after the design
     assert _share(feasible, cfg, space) >= 0.95
     assert sampler.last_sizes["train"] == 19
+
+
+def test_trials_in_flight_enter_the_pareto_search_and_are_not_proposed_again():
+    cfg = _config()
+    space = compile_space(cfg)
+    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), 0), cfg.constraints, 1,
+                          n_startup=4, objectives=["decode_tps", "vram_peak_gb"])
+    study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
+    told = []
+    for _ in range(6):
+        trial = study.ask()
+        told.append(space.suggest(trial))
+        studylib.tell(study, trial, cfg, told[-1], TrialResult(trial.number, "ok", metrics(told[-1])))
+    running = [space.suggest(study.ask()) for _ in range(3)]  # three slots busy, none told
+    assert sampler.last_sizes["train"] == 6  # the model asks saw the six told trials
+    keys = [config_key(p) for p in running]
+    assert len(set(keys)) == 3 and not set(keys) & {config_key(p) for p in told}
