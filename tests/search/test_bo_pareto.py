@@ -101,12 +101,17 @@ def _share(points: list[tuple[float, float]], cfg, space) -> float:
     return _hv(np.array([(d, -v) for d, v in points]), ref) / _hv(Y, ref)
 
 
-def test_bo_finds_the_true_feasible_front_and_stays_out_of_the_infeasible_region():
+def _pareto_study(seed: int):
+    """The config, its space, bo for a Pareto search over decode speed and VRAM, a study."""
     cfg = _config()
     space = compile_space(cfg)
-    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), 0), cfg.constraints, 0,
+    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), 0), cfg.constraints, seed,
                           n_startup=4, objectives=["decode_tps", "vram_peak_gb"])
-    study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
+    return cfg, space, sampler, optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
+
+
+def test_bo_finds_the_true_feasible_front_and_stays_out_of_the_infeasible_region():
+    cfg, space, sampler, study = _pareto_study(0)
     assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
     for p in ({"a": 0, "mode": "x", "flag": False}, {"a": 15, "mode": "z", "flag": False},
               {"a": 7, "mode": "y", "flag": True}, {"a": 4, "mode": "x", "flag": True}):
@@ -128,11 +133,7 @@ def test_bo_finds_the_true_feasible_front_and_stays_out_of_the_infeasible_region
 
 
 def test_trials_in_flight_enter_the_pareto_search_and_are_not_proposed_again():
-    cfg = _config()
-    space = compile_space(cfg)
-    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), 0), cfg.constraints, 1,
-                          n_startup=4, objectives=["decode_tps", "vram_peak_gb"])
-    study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
+    cfg, space, sampler, study = _pareto_study(1)
     told = []
     for _ in range(6):
         trial = study.ask()
