@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 SAMPLER_NOTES = {
     "bo": "bo (Gaussian process over the launchable configurations, speed prediction as prior)",
+    "bo pareto": "bo (Gaussian process over the launchable configurations, speed prediction as prior; "
+                 "expected hypervolume improvement of the two objectives' front)",
     "tpe": "tpe (multivariate, grouped for conditional parameters, constant liar)",
     "gp": "gp (Gaussian process, torch)",
     "nsga2": "nsga2 (genetic, multi-objective)",
@@ -99,9 +101,7 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
     c.print(f"budget: {budget}; each trial at most {cfg.study.trial_timeout_s:g} s")
     name = resolve(cfg.study.sampler, cfg.study.search, len(cfg.objectives))
     auto = "auto -> " if cfg.study.sampler == "auto" else ""
-    note = SAMPLER_NOTES.get(name, name)
-    if name == "bo" and cfg.study.search == "pareto":
-        note = note[:-1] + "; expected hypervolume improvement of the two objectives' front)"
+    note = SAMPLER_NOTES.get(f"{name} {cfg.study.search}", SAMPLER_NOTES.get(name, name))
     c.print(f"sampler: {auto}{note}, seed {cfg.study.seed}")
     c.print(f"trial 0: the baseline {baseline}", markup=False)
     for i, item in enumerate(cfg.study.enqueue):

@@ -221,17 +221,17 @@ class PoolSampler(optuna.samplers.BaseSampler):
         pending = pool.X[rows_p]
         rows_ok = np.array([row[t.number] for t in ok])
         seed = int(self._rng.integers(2**31))
+        feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
+        failed = np.array([trial_attrs(t).status != "ok" for t in launched])
         self._pareto = len(study.directions) > 1
         if self._pareto:
-            return self._choose_front(study, ok, launched, row, pending, keys, seed)
+            return self._choose_front(study, ok, launched, feasible, failed, row, pending, keys, seed)
 
         maximize = study.direction == optuna.study.StudyDirection.MAXIMIZE
         values = np.array([t.values[0] for t in ok], dtype=float)
         logged = bool(np.all(values > 0))
         y = (np.log(values) if logged else values) * (1.0 if maximize else -1.0)
-        feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
         sel = train_rows(y, feasible, self.max_train, self._rng)
-        failed = np.array([trial_attrs(t).status != "ok" for t in launched])
         sel_launched = train_rows(failed.astype(float), failed, self.max_train, self._rng)
         best_rows = rows_ok[np.argsort(-np.where(feasible, y, y - 1e9))[:4]]
         if pool.space is not None and self.refine:
@@ -240,8 +240,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             free = self._free(keys)
         prior = np.zeros(len(pool.keys))
         if pool.log_bound is not None and logged and maximize:
-            trust = np.linalg.lstsq(np.vstack([pool.log_bound[rows_ok], np.ones(len(ok))]).T, y, rcond=None)[0][0]
-            prior = float(np.clip(trust, 0.0, 1.0)) * pool.log_bound
+            prior = _trusted_prior(pool.log_bound, rows_ok, y)
         cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
         self.last_sizes = {"train": len(sel), "candidates": len(cand)}
         Xc = pool.X[cand]
@@ -270,14 +269,14 @@ class PoolSampler(optuna.samplers.BaseSampler):
         return pool.params[int(cand[np.argmax(acq + log_pf)])]
 
     def _choose_front(self, study: optuna.Study, ok: list[FrozenTrial], launched: list[FrozenTrial],
-                      row: dict[int, int], pending: np.ndarray, keys: dict[int, str], seed: int) -> dict[str, Any]:
+                      feasible: np.ndarray, failed: np.ndarray, row: dict[int, int], pending: np.ndarray,
+                      keys: dict[int, str], seed: int) -> dict[str, Any] | None:
         """A Pareto search over two objectives: the free configuration with the highest
         expected hypervolume improvement (:mod:`autotune.search.front`) over the posterior
         means of the measured-feasible front, times the probability that it is feasible.
         Trials in flight enter each GP at their posterior mean (kriging believer)."""
         pool = self.pool
         rows_ok = np.array([row[t.number] for t in ok])
-        feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
         directions = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions]
         values = np.array([t.values for t in ok], dtype=float)
         logged = np.all(values > 0, axis=0)
@@ -289,13 +288,10 @@ class PoolSampler(optuna.samplers.BaseSampler):
                 pool.grow(refine.neighbours(pool.space, pool.params[r]))
         priors = []
         for j, maximize in enumerate(directions):
-            prior = np.zeros(len(pool.keys))
-            if (pool.log_bound is not None and logged[j] and maximize and j < len(self.objectives)
-                    and self.objectives[j] == "decode_tps"):
-                trust = np.linalg.lstsq(np.vstack([pool.log_bound[rows_ok], np.ones(len(ok))]).T,
-                                        Y[:, j], rcond=None)[0][0]
-                prior = float(np.clip(trust, 0.0, 1.0)) * pool.log_bound
-            priors.append(prior)
+            decode = j < len(self.objectives) and self.objectives[j] == "decode_tps"
+            priors.append(_trusted_prior(pool.log_bound, rows_ok, Y[:, j])
+                          if pool.log_bound is not None and logged[j] and maximize and decode
+                          else np.zeros(len(pool.keys)))
         free = self._free(keys)
         if not len(free):
             return None
@@ -310,9 +306,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             mu[:, j], sd[:, j] = m + priors[j][cand], s
             if feasible.any():
                 front[:, j] = gp.fitted.predict(pool.X[rows_ok[feasible]]) + priors[j][rows_ok[feasible]]
-        sel_launched = train_rows(np.array([trial_attrs(t).status != "ok" for t in launched], dtype=float),
-                                  np.array([trial_attrs(t).status != "ok" for t in launched]),
-                                  self.max_train, self._rng)
+        sel_launched = train_rows(failed.astype(float), failed, self.max_train, self._rng)
         log_pf = self._log_p_feasible([ok[i] for i in sel], [launched[i] for i in sel_launched],
                                       row, pending, Xc, seed)
         self.last_sizes = {"train": len(sel), "candidates": len(cand)}
@@ -354,9 +348,15 @@ def _front_rows(Y: np.ndarray, feasible: np.ndarray) -> np.ndarray:
     """Indices of the feasible rows of ``Y`` (every column maximised) that no other feasible row
     dominates, by the first column, best first."""
     idx = np.flatnonzero(feasible)
-    F = Y[idx]
-    keep = [i for i, p in zip(idx, F) if not np.any(np.all(F >= p, axis=1) & np.any(F > p, axis=1))]
+    keep = idx[frontlib.nondominated_rows(Y[idx])]
     return np.array(sorted(keep, key=lambda i: -Y[i, 0]), dtype=int)
+
+
+def _trusted_prior(log_bound: np.ndarray, rows: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The prior mean of a log-speed GP: the pool's log bound times its fitted slope against
+    the measured ``y`` at pool ``rows``, clipped to [0, 1] (how far the measurements trust it)."""
+    trust = np.linalg.lstsq(np.vstack([log_bound[rows], np.ones(len(rows))]).T, y, rcond=None)[0][0]
+    return float(np.clip(trust, 0.0, 1.0)) * log_bound
 
 
 def train_rows(score: np.ndarray, feasible: np.ndarray, cap: int, rng: np.random.Generator) -> np.ndarray:

@@ -20,12 +20,16 @@ from scipy.special import logsumexp
 from autotune.search.batch import log_ei
 
 
+def nondominated_rows(points: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``points`` (every column maximised) that no other row dominates."""
+    return np.array([i for i, p in enumerate(points)
+                     if not np.any(np.all(points >= p, axis=1) & np.any(points > p, axis=1))], dtype=int)
+
+
 def nondominated(points: np.ndarray) -> np.ndarray:
     """The rows of ``points`` (n, 2) that no other row dominates (both maximised), deduplicated."""
     pts = np.unique(np.asarray(points, dtype=float), axis=0)
-    keep = [i for i, p in enumerate(pts)
-            if not np.any(np.all(pts >= p, axis=1) & np.any(pts > p, axis=1))]
-    return pts[keep]
+    return pts[nondominated_rows(pts)]
 
 
 def reference(points: np.ndarray, span: np.ndarray | None = None, margin: float = 0.1) -> np.ndarray:
