@@ -105,8 +105,9 @@ def median_diff_ci(
 
 
 def within_noise(a: Sequence[float], b: Sequence[float]) -> bool:
-    """True when the bootstrap 95% CI of ``median(a) - median(b)`` contains 0 (or a side is empty)."""
-    if len(a) == 0 or len(b) == 0:
+    """True when the bootstrap 95% CI of ``median(a) - median(b)`` contains 0, or when a side
+    has fewer than two samples: one sample's bootstrap has no spread, so it cannot establish a lead."""
+    if len(a) < 2 or len(b) < 2:
         return True
     lo, hi = median_diff_ci(a, b)
     return bool(lo <= 0.0 <= hi)

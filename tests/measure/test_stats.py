@@ -92,3 +92,4 @@ def test_within_noise_is_the_median_difference_ci():
     assert within_noise(a, b) == (lo <= 0 <= hi) and not within_noise(a, b)
     assert within_noise(a, [10.1, 9.9, 10.0])
     assert within_noise([], b) and within_noise(a, [])  # nothing to compare: not established
+    assert within_noise([66.97], [32.2]) and within_noise(a, [1.0])  # one sample: no spread to judge by
