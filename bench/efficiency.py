@@ -112,6 +112,9 @@ class Run:
     error: str = ""
     mode: str = "physics"  # prior mode (MODES)
     via: str = "cli"  # cli or fast (in-process driver loop)
+    # true value of the best config measured feasible so far, whichever measurement won: what the
+    # search found, before the timing noise picks among it (empty: not scored, older results)
+    found: tuple[float, ...] = ()
 
     @property
     def set(self) -> str:
@@ -138,12 +141,24 @@ def _read(path: Path) -> dict:
 
 def curve_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[float, ...]:
     """Best-so-far true ratio over launched trials [(params, status, measured metrics)]."""
-    best_measured, best_true, curve = -math.inf, 0.0, []
+    return _curves(truth, trials)[0]
+
+
+def found_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[float, ...]:
+    """The true ratio of the truly best configuration measured feasible so far (``Run.found``)."""
+    return _curves(truth, trials)[1]
+
+
+def _curves(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    best_measured, best_true, found, curve, found_curve = -math.inf, 0.0, 0.0, [], []
     for params, status, metrics in trials:
-        if status == "ok" and satisfies(metrics, truth.constraints) and metrics[truth.metric] > best_measured:
-            best_measured, best_true = metrics[truth.metric], truth.credit(params)
+        if status == "ok" and satisfies(metrics, truth.constraints):
+            found = max(found, truth.credit(params))
+            if metrics[truth.metric] > best_measured:
+                best_measured, best_true = metrics[truth.metric], truth.credit(params)
         curve.append(min(best_true / truth.optimum, 1.0))
-    return tuple(curve)
+        found_curve.append(min(found / truth.optimum, 1.0))
+    return tuple(curve), tuple(found_curve)
 
 
 def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None]:
@@ -183,8 +198,8 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
         done, wall = fast_study(overrides(truth, method, mode, seed, trials))
     except Exception as e:  # a failed study is a row with its error, not a lost bench
         return Run(truth.name, method, seed, 1, 0.0, (), None, f"{type(e).__name__}: {e}"[:200], mode, "fast")
-    curve = curve_of(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
-    return Run(truth.name, method, seed, 0, wall, curve, None, "", mode, "fast")
+    curve, found = _curves(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
+    return Run(truth.name, method, seed, 0, wall, curve, None, "", mode, "fast", found)
 
 
 _TRUTHS: dict[str, Truth] = {}  # filled before the fast studies' processes fork
@@ -226,6 +241,9 @@ def aggregate(runs: list[Run], truth: Truth) -> dict:
         row[f"at{n}"] = _median([r.at(n) for r in ok])
     hits = sum(r.trials_to(0.95) <= 20 for r in ok)
     row["reach95_by20"] = hits / max(len(ok), 1)
+    scored = [r for r in ok if r.found]
+    row["found95_by20"] = (sum(r.found[min(20, len(r.found)) - 1] >= 0.95 for r in scored) / len(scored)
+                           if scored else math.nan)
     row["reach95_ci"] = wilson(hits, len(ok))
     to95 = sorted(r.trials_to(0.95) for r in ok)
     row["median_trials95"] = _median(to95)
@@ -252,7 +270,7 @@ def table(rows: list[dict], truths: dict[str, Truth]) -> str:
 
     t = Table(title="search efficiency: true value of the best measured-feasible config / true optimum")
     for col in ("surface", "set", "prior", "method", "via", "seeds", "@10", "@20", "@30",
-                "95% by 20 [Wilson 95%]", "trials to 95% \\[quartiles]", "winner ok", "launched", "s/study"):
+                "95% by 20 [Wilson 95%]", "found 95% by 20", "trials to 95% \\[quartiles]", "winner ok", "launched", "s/study"):
         t.add_column(col, justify="left" if col in ("surface", "set", "prior", "method", "via") else "right")
     for row in rows:
         lo, hi = row.get("reach95_ci", (math.nan, math.nan))
@@ -260,12 +278,13 @@ def table(rows: list[dict], truths: dict[str, Truth]) -> str:
         t.add_row(row["surface"], row.get("set", ""), row.get("mode", "physics"), row["method"],
                   row.get("via", "cli"), str(row["seeds"]), *(f"{row[f'at{n}']:.3f}" for n in CHECKPOINTS),
                   f"{row['reach95_by20']:.0%} [{lo:.0%}, {hi:.0%}]",
+                  "-" if math.isnan(row.get("found95_by20", math.nan)) else f"{row['found95_by20']:.0%}",
                   f"{_n(row['median_trials95'])} [{_n(q1)}, {_n(q3)}]",
                   "-" if math.isnan(row["winner_ok"]) else f"{row['winner_ok']:.0%}",
                   f"{row['launched']:g}", f"{row['wall_s']:.1f}" if row["wall_s"] else "-")
     for name, tr in truths.items():
         p = tr.n_launchable95 / tr.n_launchable  # refused proposals are re-asked, not counted
-        t.add_row(name, "", "physics", "random*", "", "", "", "", "", f"{1 - (1 - p) ** 20:.0%}",
+        t.add_row(name, "", "physics", "random*", "", "", "", "", "", f"{1 - (1 - p) ** 20:.0%}", "",
                   f"{math.log(2) / p:.0f}", "", "", "")
     console = Console(width=200, record=True)
     console.print(t)
@@ -292,7 +311,7 @@ def load_runs(path: Path) -> list[Run]:
     """Runs from a results .json or a streamed .jsonl (one Run a line)."""
     text = path.read_text()
     items = json.loads(text)["runs"] if path.suffix == ".json" else [json.loads(x) for x in text.splitlines() if x]
-    return [Run(**{**r, "curve": tuple(r["curve"])}) for r in items]
+    return [Run(**{**r, "curve": tuple(r["curve"]), "found": tuple(r.get("found") or ())}) for r in items]
 
 
 def merge(files: list[Path], results: Path, cmd: str) -> int:

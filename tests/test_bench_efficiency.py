@@ -208,3 +208,30 @@ def test_fast_mode_runs_the_real_driver_loop_in_process():
     again = efficiency.run_fast(truth, "default", "misleading", 100, 5)
     assert again.curve == run.curve  # seeded: the same study twice
     assert efficiency.Run("exl2_70b", "random", 3, 0, 0.0, (), None).set == "tune"
+
+
+def test_found_curve_credits_what_was_measured_when_noise_picks_a_worse_one():
+    """The score follows the best *measurement*; ``found`` follows the truly best configuration
+    measured feasible, so a lucky measurement of a worse one shows as a gap between them."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    truth = load("cpu_7b")
+    ranked = sorted((v, k) for k, v in truth.table.items() if v > 0)
+    (lo, lo_key), (_, hi_key) = ranked[0], ranked[-1]
+    lo_p, hi_p = dict(lo_key), dict(hi_key)
+    space = truth.preset["space"]
+    typed = [{n: type(space[n]["choices"][0])(p[n]) if "choices" in space[n] else type(space[n]["low"])(p[n])
+              for n in p} for p in (hi_p, lo_p)]
+    metrics = truth.evaluate(typed[0])[1]
+    good = dict(metrics, **{truth.metric: metrics[truth.metric] * 0.5})  # an unlucky measurement
+    bad = dict(truth.evaluate(typed[1])[1], **{truth.metric: metrics[truth.metric]})  # a lucky one
+    trials = [(typed[1], "ok", bad), (typed[0], "ok", good), (typed[1], "failed", {})]
+    curve, found = efficiency.curve_of(truth, trials), efficiency.found_of(truth, trials)
+    assert lo / truth.optimum < 0.95
+    assert curve == pytest.approx((lo / truth.optimum,) * 3)  # the lucky measurement stays the best
+    assert found == pytest.approx((lo / truth.optimum, 1.0, 1.0))
+    row = efficiency.aggregate([efficiency.Run("cpu_7b", "default", 100, 0, 0.0, curve, None, found=found)], truth)
+    assert row["reach95_by20"] == 0.0 and row["found95_by20"] == 1.0
+    old = efficiency.aggregate([efficiency.Run("cpu_7b", "default", 100, 0, 0.0, curve, None)], truth)
+    assert math.isnan(old["found95_by20"])  # older results carry no found curve
