@@ -139,17 +139,9 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def curve_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[float, ...]:
-    """Best-so-far true ratio over launched trials [(params, status, measured metrics)]."""
-    return _curves(truth, trials)[0]
-
-
-def found_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[float, ...]:
-    """The true ratio of the truly best configuration measured feasible so far (``Run.found``)."""
-    return _curves(truth, trials)[1]
-
-
-def _curves(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def curves_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Over launched trials [(params, status, measured metrics)]: the best-so-far true ratio
+    (``Run.curve``) and the ratio of the truly best configuration measured feasible (``Run.found``)."""
     best_measured, best_true, found, curve, found_curve = -math.inf, 0.0, 0.0, [], []
     for params, status, metrics in trials:
         if status == "ok" and satisfies(metrics, truth.constraints):
@@ -171,7 +163,7 @@ def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None
             continue
         params_of[int(spec["number"])] = spec["params"]
         trials.append((spec["params"], result.get("status"), result.get("metrics") or {}))
-    curve = list(curve_of(truth, trials))
+    curve = list(curves_of(truth, trials)[0])
     summary = _read(study_dir / "summary.json")
     winner = (summary.get("winner") or {}).get("number")
     by_trial = ((summary.get("remeasured") or {}).get("by_trial") or {})
@@ -198,7 +190,7 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
         done, wall = fast_study(overrides(truth, method, mode, seed, trials))
     except Exception as e:  # a failed study is a row with its error, not a lost bench
         return Run(truth.name, method, seed, 1, 0.0, (), None, f"{type(e).__name__}: {e}"[:200], mode, "fast")
-    curve, found = _curves(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
+    curve, found = curves_of(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
     return Run(truth.name, method, seed, 0, wall, curve, None, "", mode, "fast", found)
 
 

@@ -227,7 +227,7 @@ def test_found_curve_credits_what_was_measured_when_noise_picks_a_worse_one():
     good = dict(metrics, **{truth.metric: metrics[truth.metric] * 0.5})  # an unlucky measurement
     bad = dict(truth.evaluate(typed[1])[1], **{truth.metric: metrics[truth.metric]})  # a lucky one
     trials = [(typed[1], "ok", bad), (typed[0], "ok", good), (typed[1], "failed", {})]
-    curve, found = efficiency.curve_of(truth, trials), efficiency.found_of(truth, trials)
+    curve, found = efficiency.curves_of(truth, trials)
     assert lo / truth.optimum < 0.95
     assert curve == pytest.approx((lo / truth.optimum,) * 3)  # the lucky measurement stays the best
     assert found == pytest.approx((lo / truth.optimum, 1.0, 1.0))
