@@ -43,6 +43,7 @@ from autotune.run import stop
 from autotune.run.launcher import Launcher
 from autotune.run.remeasure import choose_winner
 from autotune.search.design import FAST_PART
+from autotune.search.design import NO_PRIOR_STARTUP
 from autotune.search.design import config_key
 from autotune.search.design import default_n_startup
 from autotune.search.design import startup_design
@@ -139,8 +140,17 @@ class Driver:
         return build_pool(self.space, self._screen, self.cfg.study.seed)
 
     def n_startup(self) -> int:
-        return self.cfg.study.n_startup if self.cfg.study.n_startup is not None \
-            else default_n_startup(self.cfg.study.n_trials)
+        """Trials before the sampler's model (trial 0 and the design included): ``study.n_startup``,
+        else by the budget, and for a single-objective ``bo`` search without a speed prior at
+        most ``NO_PRIOR_STARTUP`` (:mod:`autotune.search.design`)."""
+        st = self.cfg.study
+        if st.n_startup is not None:
+            return st.n_startup
+        n = default_n_startup(st.n_trials)
+        if st.search == "single" and resolve(st.sampler, st.search, len(self.cfg.objectives)) == "bo" \
+                and self._screen(baseline_params(self.space, self.cfg.engine.variants))[1] is None:
+            n = min(n, NO_PRIOR_STARTUP)
+        return n
 
     def design(self, baseline: dict[str, Any]) -> list[dict[str, Any]]:
         """The space-filling startup configurations after trial 0 and ``study.enqueue``."""

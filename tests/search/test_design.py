@@ -19,6 +19,7 @@ from autotune.output.report import Reporter
 from autotune.run.driver import Driver
 from autotune.search.design import FAST_PART
 from autotune.search.design import FAST_SHARE
+from autotune.search.design import NO_PRIOR_STARTUP
 from autotune.search.design import _pool
 from autotune.search.design import config_key
 from autotune.search.design import default_n_startup
@@ -130,3 +131,18 @@ def test_half_the_design_of_bo_spreads_beyond_the_fastest_predicted_third(sample
     assert len(fast) >= math.ceil(len(design) * FAST_PART[sampler])
     assert (len(fast) == len(design)) == (sampler == "tpe"), (sampler, len(fast))
     assert [bound[config_key(p)] for p in design] == sorted((bound[config_key(p)] for p in design), reverse=True)
+
+
+@pytest.mark.parametrize(("conf", "overrides", "want"), [
+    ("command_example", [], NO_PRIOR_STARTUP),  # no predict block: bo's model starts sooner
+    ("command_example", ["study.sampler=tpe"], default_n_startup(20)),  # measured for bo only
+    ("command_example", ["study.search=pareto"], default_n_startup(20)),
+    ("command_example", ["study.n_startup=7"], 7),  # what the user sets wins
+])
+def test_bo_without_a_speed_prior_starts_its_model_sooner(conf, overrides, want):
+    """With a speed bound (local_cpu) bo keeps the full design: the test above."""
+    cfg = load_config(compose([f"conf={conf}", "study.n_trials=20", *overrides]))
+    driver = Driver(cfg, compile_space(cfg), None, None, Reporter(cfg, Console(file=io.StringIO())))
+    assert NO_PRIOR_STARTUP < default_n_startup(20)
+    assert driver.n_startup() == want
+    assert len(driver.design(baseline_params(driver.space, cfg.engine.variants))) == want - 1
