@@ -216,12 +216,14 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
             console.print(f"[yellow]No configuration beat {defaults} under your "
                           "constraints: keep them (or widen the space / add trials).[/yellow]")
         elif s.speedup is not None:
-            noise = " [yellow](within noise)[/yellow]" if s.speedup_within_noise else ""
+            words = s.noise_words(s.speedup_within_noise, win.number, base.number if base else None)
+            noise = f" [yellow]({words})[/yellow]" if s.speedup_within_noise else ""
             over = "the engine default" if defaults == "the engine defaults" else defaults
             console.print(f"[bold green]speed-up over {over}: {s.speedup:.2f}x[/bold green] "
                           f"in {sel} ({s.speedup_source or ''}){noise}")
         if s.lead_within_noise:
-            console.print(f"[yellow]the winner's lead over #{s.runner_up} is within noise[/yellow]")
+            words = s.noise_words(True, win.number, s.runner_up)
+            console.print(f"[yellow]the winner's lead over #{s.runner_up} is {words}[/yellow]")
     for w in s.warnings or []:
         console.print(f"[yellow]warning:[/yellow] {w}")
     if files:

@@ -174,14 +174,16 @@ def verdict_html(summary: StudySummary | None, constraints: list[str], metric: s
     else:
         sp = summary.speedup
         noise = summary.speedup_within_noise
+        words = summary.noise_words(noise, win.number, base.number if base else None) or ""
         out.append(f"<p>Winner: trial <b>#{win.number}</b>" + (f", baseline trial #{base.number}" if base else "")
                    + (f"; speed-up in {html.escape(metric)}: <b>{sp:.2f}x</b> ({html.escape(str(summary.speedup_source or ''))})"
                       if sp is not None else "")
-                   + ("; <span class='warn'>within noise</span>" if noise else ("; outside noise" if noise is False else ""))
+                   + (f"; <span class='warn'>{html.escape(words)}</span>" if noise else ("; outside noise" if noise is False else ""))
                    + "</p>")
         if summary.lead_within_noise is not None:
             out.append(f"<p>Lead over the runner-up #{summary.runner_up}: "
-                       + ("<span class='warn'>within noise</span>" if summary.lead_within_noise else "outside noise")
+                       + (f"<span class='warn'>{html.escape(summary.noise_words(True, win.number, summary.runner_up) or '')}</span>"
+                          if summary.lead_within_noise else "outside noise")
                        + " (bootstrap 95% CI of the difference of medians).</p>")
     if summary.remeasured:
         rows = "".join(f"<tr><td>#{r.trial}</td><td>{_cell(r.median)}</td><td>{_cell(r.ci95[0])} - {_cell(r.ci95[1])}"

@@ -58,6 +58,20 @@ class Remeasurement:
         return [RemeasuredRow(str(n), v["median"], tuple(v["ci95"]), v["n"])
                 for n, v in self.remeasured["by_trial"].items()]
 
+    def noise_words(self, within: bool | None, *trials: int | None) -> str | None:
+        """How a noise verdict on ``trials`` reads: "within noise", "outside noise", or, when a
+        side has fewer than two re-measured samples (its bootstrap has no spread, so
+        :func:`~autotune.measure.stats.within_noise` cannot establish a lead), "not judged"."""
+        if within is None:
+            return None
+        by_trial = (self.remeasured or {}).get("by_trial") or {}
+        counts = [(by_trial.get(t) or by_trial.get(str(t)) or {}).get("n") for t in trials if t is not None]
+        few = min((n for n in counts if n is not None), default=None)
+        if within and few is not None and few < 2:
+            return (f"not judged: {few} re-measured sample{'s' if few != 1 else ''} on a side; "
+                    "raise select.rerun_repeats")
+        return "within noise" if within else "outside noise"
+
     @property
     def remeasured_metric(self) -> str | None:
         """The metric the re-measurement compared (None if there was none)."""

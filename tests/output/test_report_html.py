@@ -39,3 +39,31 @@ def test_the_reason_cell_names_each_broken_constraint_with_its_measured_value():
     assert cells[0] == ""  # feasible: nothing broken
     assert cells[1] == "broke ttft_p95_ms &lt;= 100 (measured 150); decode_tps &gt;= 5 (measured 3)"
     assert cells[2] == "llama_decode: failed to find a KV slot"
+
+
+def test_a_one_sample_verdict_reads_not_judged_in_both_reports():
+    """A command engine re-measured once a side: no spread, so the lead is not judged (not
+    "within noise" next to a 2.25x speed-up)."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.output.report import render_summary
+    from autotune.output.report_html import verdict_html
+    from autotune.record.records import Record
+    from autotune.record.summary import StudySummary
+
+    base = Record(0, {"a": 0}, {"decode_tps": 40.0}, violations={"run_ok": 0.0})
+    win = Record(4, {"a": 7}, {"decode_tps": 90.0}, violations={"run_ok": 0.0})
+    rem = {"metric": "decode_tps", "by_trial": {"4": {"median": 90.0, "ci95": [90.0, 90.0], "n": 1},
+                                                "0": {"median": 40.0, "ci95": [40.0, 40.0], "n": 1}}}
+    s = StudySummary(study="s", engine="command", interrupted=False, n_trials=5, n_feasible=5, baseline=base,
+                     winner=win, remeasured=rem, speedup=2.25, speedup_source="re-measured side by side",
+                     speedup_within_noise=True, lead_within_noise=True, runner_up=0)
+    out = io.StringIO()
+    render_summary(Console(file=out, width=200), s, "decode_tps", [])
+    text = out.getvalue()
+    assert "2.25x" in text and "within noise" not in text
+    assert text.count("not judged: 1 re-measured sample on a side; raise select.rerun_repeats") == 2
+    page = verdict_html(s, [], "decode_tps")
+    assert "within noise" not in page and page.count("not judged") == 2

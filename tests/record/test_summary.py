@@ -42,3 +42,21 @@ def test_prediction_error_against_measurements():
     assert err.n_speed == 2 and err.speed_ratio_median == pytest.approx(1.0)
     assert err.speed_over_bound == 1  # 60 tok/s measured over a 50 tok/s "upper bound"
     assert prediction_error([({}, {"decode_tps": 1.0})]) is None
+
+
+@pytest.mark.parametrize("n_win, n_base, within, words", [
+    (3, 3, True, "within noise"),
+    (3, 3, False, "outside noise"),
+    (1, 3, True, "not judged: 1 re-measured sample on a side; raise select.rerun_repeats"),
+    (1, 1, False, "outside noise"),  # a verdict of "outside" already needs spread on both sides
+    (3, 3, None, None),
+])
+def test_a_noise_verdict_on_one_sample_reads_not_judged(n_win, n_base, within, words):
+    rem = {"metric": "decode_tps", "by_trial": {4: {"median": 90.0, "ci95": [90.0, 90.0], "n": n_win},
+                                                0: {"median": 40.0, "ci95": [40.0, 40.0], "n": n_base}}}
+    s = StudySummary(study="s", engine="command", interrupted=False, baseline=BASE, winner=WIN,
+                     remeasured=rem, speedup=2.25, speedup_within_noise=within)
+    assert s.noise_words(within, 4, 0) == words
+    # summary.json keys trials as strings: the same words once read back
+    back = StudySummary.from_dict(json.loads(s.to_json()))
+    assert back.noise_words(within, 4, 0) == words
