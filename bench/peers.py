@@ -6,12 +6,16 @@
    prints (``-t --batch-size --ubatch-size -ngl [--flash-attn]``; a bare ``--flash-attn`` is
    ``--flash-attn on`` in this llama.cpp, which takes a value).
 2. autotune runs ``autotune run conf=<preset>`` (the llama_server engine) with
-   ``study.timeout_s`` = that budget; its pick is the summary's winner.
+   ``study.timeout_s`` = that budget, told the SLO and user count of step 3
+   (``workload.slo.ttft_p95_ms``, ``workload.max_concurrency``), as a user states theirs;
+   its pick is the summary's winner.
 3. The three picks (defaults = no flag at all) are re-measured interleaved, ``--rounds``
    rounds (>= 9; the order rotates each round), each through the same engine and client
    (:class:`autotune.engines.llama_server.engine.LlamaServerEngine`): a fresh server per
    pick and round, single-stream decode tok/s, then goodput tok/s at ``--users`` closed-loop
-   users under TTFT p95 <= ``--slo-ms`` (requests over the bound do not count).
+   users under TTFT p95 <= ``--slo-ms`` (requests over the bound do not count), then capacity:
+   the most goodput at any user count up to ``--users`` under the same SLO (the ``slo``
+   workload's search, which is what autotune's ``serving_cpu`` maximises).
 
 Prints and writes (``--out``) the medians with their min-max spread and the paired ratios
 (per round, then median and min-max). ``--smoke`` checks the whole path in seconds: no
@@ -79,10 +83,12 @@ def run_optimus(binary: Path, model: Path, trials: int, tokens: int, log: Path) 
     return optimus_pick(p.stdout), wall
 
 
-def run_autotune(preset: str, budget_s: float, study_dir: Path) -> tuple[dict, float]:
-    """``autotune run conf=preset`` with ``study.timeout_s`` = the budget; (winner params, s)."""
+def run_autotune(preset: str, budget_s: float, study_dir: Path, slo_ms: float, users: int) -> tuple[dict, float]:
+    """``autotune run conf=preset`` with ``study.timeout_s`` = the budget, told the SLO and the
+    number of users the picks are judged at (as a user states theirs); (winner params, s)."""
     cmd = [sys.executable, "-m", "autotune.cli", "run", f"conf={preset}",
            f"study.timeout_s={int(budget_s)}", "study.n_trials=200", f"study.dir={study_dir}",
+           f"workload.slo.ttft_p95_ms={slo_ms:g}", f"workload.max_concurrency={users}",
            "tracking.enabled=false", "report.enabled=false"]
     t0 = time.monotonic()
     p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
@@ -95,8 +101,10 @@ def run_autotune(preset: str, budget_s: float, study_dir: Path) -> tuple[dict, f
     return {k: v for k, v in winner["params"].items() if k != "model" and v is not None}, wall
 
 
-def measure(params: dict, workdir: Path, decode_wl: dict, load_wl: dict) -> dict[str, float]:
-    """One fresh server with ``params``: single-stream decode, then goodput under load."""
+def measure(params: dict, workdir: Path, decode_wl: dict, load_wl: dict, cap_wl: dict) -> dict[str, float]:
+    """One fresh server with ``params``: single-stream decode, goodput at a fixed load, then
+    capacity (the most goodput at any user count up to the load's, under the same SLO: what
+    autotune's ``slo`` workload maximises)."""
     from autotune.engines.llama_server.engine import LlamaServerEngine
 
     engine = LlamaServerEngine({"startup_timeout_s": 120}, GEMMA, dict(params), workdir)
@@ -104,10 +112,12 @@ def measure(params: dict, workdir: Path, decode_wl: dict, load_wl: dict) -> dict
         engine.start()
         decode, _ = engine.measure(decode_wl)
         load, _ = engine.measure(load_wl)
+        cap, _ = engine.measure(cap_wl)
     finally:
         engine.stop()
     return {"decode_tps": decode["decode_tps"], "goodput_tps": load.get("goodput_tps", 0.0),
-            "ttft_p95_ms": load.get("ttft_p95_ms", float("nan"))}
+            "ttft_p95_ms": load.get("ttft_p95_ms", float("nan")),
+            "capacity_tps": cap.get("goodput_tps", 0.0), "users_at_slo": cap.get("max_concurrency_at_slo", 0.0)}
 
 
 def spread(xs: list[float]) -> str:
@@ -116,14 +126,16 @@ def spread(xs: list[float]) -> str:
 
 def table(picks: dict[str, dict], rows: dict[str, list[dict]], header: list[str]) -> str:
     """Medians with min-max spread, then per-round paired ratios (median [min-max])."""
-    lines = header + ["", f"{'pick':<10} {'decode tok/s':>24} {'goodput tok/s':>24}  flags"]
+    lines = header + ["", f"{'pick':<10} {'decode tok/s':>24} {'goodput tok/s':>24} {'capacity tok/s':>24} "
+                      f"{'users at SLO':>18}  flags"]
     for name, res in rows.items():
         flags = " ".join(f"{k}={v}" for k, v in picks[name].items()) or "(none)"
         lines.append(f"{name:<10} {spread([r['decode_tps'] for r in res]):>24} "
-                     f"{spread([r['goodput_tps'] for r in res]):>24}  {flags}")
+                     f"{spread([r['goodput_tps'] for r in res]):>24} {spread([r['capacity_tps'] for r in res]):>24} "
+                     f"{spread([r['users_at_slo'] for r in res]):>18}  {flags}")
     lines += ["", "paired ratios, per round (median [min-max]):"]
     for a, b in (("autotune", "optimus"), ("autotune", "defaults"), ("optimus", "defaults")):
-        for metric in ("decode_tps", "goodput_tps"):
+        for metric in ("decode_tps", "goodput_tps", "capacity_tps"):
             rs = [x[metric] / y[metric] for x, y in zip(rows[a], rows[b], strict=True) if y[metric]]
             if rs:
                 lines.append(f"  {a}/{b} {metric:<12} {statistics.median(rs):.3f} "
@@ -170,30 +182,35 @@ def main(argv: list[str] | None = None) -> int:
         opt, opt_s = run_optimus(binary, model, a.optimus_trials, a.optimus_tokens,
                                   work / "optimus.log")
         budget = a.budget_s or opt_s
-        auto, auto_s = run_autotune(a.preset, budget, work / "study")
+        auto, auto_s = run_autotune(a.preset, budget, work / "study", a.slo_ms, a.users)
         picks = {"defaults": {}, "optimus": opt, "autotune": auto}
         header += [f"# llama-optimus: --trials {a.optimus_trials} --n-tokens {a.optimus_tokens}, "
                    f"{opt_s:.0f} s",
-                   f"# autotune conf={a.preset}: study.timeout_s={budget:.0f}, {auto_s:.0f} s"]
+                   f"# autotune conf={a.preset}: study.timeout_s={budget:.0f}, TTFT p95 <= {a.slo_ms:g} ms "
+                   f"at up to {a.users} users, {auto_s:.0f} s"]
         rounds, users, decode_tokens, repeats = a.rounds, a.users, 64, 3
     (work / "picks.json").write_text(json.dumps(picks, indent=1))
     header += [f"# picks: {work / 'picks.json'}",
                f"# {rounds} rounds, interleaved; decode: 1 user, {decode_tokens} new tokens x "
-               f"{repeats}; goodput: {users} users, 32 new tokens, TTFT p95 <= {a.slo_ms:g} ms"]
+               f"{repeats}; goodput: {users} users, 32 new tokens, TTFT p95 <= {a.slo_ms:g} ms; capacity: "
+               f"the most goodput at 1-{users} users under the same SLO (autotune's slo workload)"]
     decode_wl = {"name": "decode", "prompts": "short", "max_tokens": decode_tokens, "warmup": 1,
                  "repeats": repeats, "concurrency": 1}
     load_wl = {"name": "load", "prompts": "short", "max_tokens": 32, "warmup": 1,
                "repeats": max(repeats - 1, 1), "concurrency": users,
                "slo": {"ttft_p95_ms": a.slo_ms, "error_rate": 0.0}}
+    cap_wl = {**load_wl, "name": "capacity", "load": "slo", "concurrency": 1, "max_concurrency": users,
+              "search_time_s": 10 if a.smoke else 60}
     rows: dict[str, list[dict]] = {name: [] for name in picks}
     names = list(picks)
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
-            res = measure(picks[name], work / f"r{r}-{name}", decode_wl, load_wl)
+            res = measure(picks[name], work / f"r{r}-{name}", decode_wl, load_wl, cap_wl)
             rows[name].append(res)
             print(f"round {r + 1}/{rounds} {name:<9} decode {res['decode_tps']:.1f} tok/s, "
-                  f"goodput {res['goodput_tps']:.1f} tok/s", flush=True)
+                  f"goodput {res['goodput_tps']:.1f} tok/s, capacity {res['capacity_tps']:.1f} tok/s "
+                  f"at {res['users_at_slo']:g} users", flush=True)
         if not a.smoke:  # the partial table survives an interrupted run
             a.out.parent.mkdir(parents=True, exist_ok=True)
             done = {k: v[: r + 1] for k, v in rows.items()}

@@ -244,6 +244,7 @@ def test_peers_bench_smoke(binary: Path, gemma) -> None:
                        text=True, cwd=root, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "autotune/optimus decode_tps" in p.stdout and "goodput tok/s" in p.stdout
+    assert "autotune/optimus capacity_tps" in p.stdout and "users at SLO" in p.stdout
 
 
 @pytest.mark.parametrize(
