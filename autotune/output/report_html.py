@@ -24,6 +24,7 @@ from optuna.trial import TrialState
 
 from autotune._files import write_atomic
 from autotune.objectives import get_metric
+from autotune.record.records import broken_text
 from autotune.record.studies import constraints_as_written
 from autotune.record.studies import load_study
 from autotune.record.studies import read_config
@@ -49,17 +50,6 @@ def _measured(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 
 def _feasible(t: optuna.trial.FrozenTrial) -> bool:
     return all(v <= 0 for v in (getattr(t, "constraints", None) or {}).values())
-
-
-def _broken(t: optuna.trial.FrozenTrial, metrics: dict[str, float]) -> str:
-    """Which constraints a measured trial broke, with the value measured: ``ttft_p95_ms <= 2000
-    (measured 2315)``; empty when it broke none."""
-    out = []
-    for name, violation in (getattr(t, "constraints", None) or {}).items():
-        if violation > 0:
-            value = metrics.get(str(name).split()[0])
-            out.append(f"{name}" + (f" (measured {value:.4g})" if isinstance(value, (int, float)) else ""))
-    return ("broke " + "; ".join(out)) if out else ""
 
 
 def _copy(study: optuna.Study, metrics: list[str]) -> tuple[optuna.Study, list[int]]:
@@ -153,7 +143,7 @@ def trials_table(study: optuna.Study, metrics: list[str]) -> str:
         ok = status == "ok" and t.state == TrialState.COMPLETE and _feasible(t)
         params = a.params or t.params
         cells = [str(t.number), status, "yes" if ok else "no", *[_cell(a.metrics.get(k)) for k in metrics],
-                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(a.reason or _broken(t, a.metrics))]
+                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(a.reason or broken_text(dict(t.constraints or {}), a.metrics))]
         rows.append(f"<tr class='{html.escape(status)}'>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ("<table id='trials'><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "\n".join(rows) + "</tbody></table>")
@@ -180,6 +170,9 @@ def verdict_html(summary: StudySummary | None, constraints: list[str], metric: s
                       if sp is not None else "")
                    + (f"; <span class='warn'>{html.escape(words)}</span>" if noise else ("; outside noise" if noise is False else ""))
                    + "</p>")
+        if summary.baseline_words():
+            out.append(f"<p class='warn'>{html.escape(summary.baseline_words() or '')}: it does not meet "
+                       "your constraints.</p>")
         if summary.lead_within_noise is not None:
             out.append(f"<p>Lead over the runner-up #{summary.runner_up}: "
                        + (f"<span class='warn'>{html.escape(summary.noise_words(True, win.number, summary.runner_up) or '')}</span>"

@@ -181,6 +181,18 @@ class StudySummary(Remeasurement):
     stop_reason: str | None = None
     prediction: PredictionError | None = None
 
+    def baseline_words(self) -> str | None:
+        """What is wrong with the baseline the speed-up is stated over, when it is not the
+        winner and did not meet the constraints: ``the baseline (trial #0) broke ttft_p95_ms
+        <= 200 (measured 222)``, or how its launch failed. None when it is feasible."""
+        base, win = self.baseline, self.winner
+        if base is None or win is None or base.number == win.number or base.feasible:
+            return None
+        if base.status != "ok":
+            why = " ".join(base.reason.split())[:200]
+            return f"the baseline (trial #{base.number}) {base.status}" + (f": {why}" if why else "")
+        return f"the baseline (trial #{base.number}) {base.broken() or 'is infeasible'}"
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):

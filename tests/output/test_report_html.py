@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import html
+import json
+
 import optuna
+import pytest
 
 from autotune.config.schema import load_config
 from autotune.output.report_html import trials_table
 from autotune.record import study as studylib
+from autotune.record.records import Record
 from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
 
@@ -67,3 +72,37 @@ def test_a_one_sample_verdict_reads_not_judged_in_both_reports():
     assert text.count("not judged: 1 re-measured sample on a side; raise select.rerun_repeats") == 2
     page = verdict_html(s, [], "decode_tps")
     assert "within noise" not in page and page.count("not judged") == 2
+
+
+@pytest.mark.parametrize(("base", "words"), [
+    (Record(0, {"a": 0}, {"decode_tps": 40.0, "ttft_p95_ms": 222.0}, feasible=False,
+            violations={"ttft_p95_ms <= 200": 0.11, "run_ok": 0.0}),
+     "the baseline (trial #0) broke ttft_p95_ms <= 200 (measured 222)"),
+    (Record(0, {"a": 0}, {}, status="oom", feasible=False, reason="CUDA out of memory\n  at load",
+            violations={"run_ok": 1.0}),
+     "the baseline (trial #0) oom: CUDA out of memory at load"),
+    (Record(0, {"a": 0}, {"decode_tps": 40.0, "ttft_p95_ms": 150.0}, violations={"run_ok": 0.0}), None),
+])
+def test_a_speedup_over_an_infeasible_baseline_says_so_in_both_reports(base, words):
+    """A speed-up over a baseline that broke a constraint (or failed to run) is stated with
+    why the baseline fails, in the console summary and report.html."""
+    import io
+
+    from rich.console import Console
+
+    from autotune.output.report import render_summary
+    from autotune.output.report_html import verdict_html
+    from autotune.record.summary import StudySummary
+
+    win = Record(4, {"a": 7}, {"decode_tps": 90.0, "ttft_p95_ms": 150.0}, violations={"run_ok": 0.0})
+    s = StudySummary(study="s", engine="command", interrupted=False, n_trials=5, n_feasible=4, baseline=base,
+                     winner=win, speedup=2.25 if base.status == "ok" else None, speedup_source="search")
+    assert StudySummary.from_dict(json.loads(s.to_json())).baseline_words() == s.baseline_words() == words
+    out = io.StringIO()
+    render_summary(Console(file=out, width=200), s, "decode_tps", [])
+    page = verdict_html(s, [], "decode_tps")
+    if words is None:
+        assert "does not meet your constraints" not in out.getvalue() + page
+    else:
+        assert f"{words}: it does not meet your constraints" in out.getvalue()
+        assert html.escape(words) + ": it does not meet your constraints" in page
