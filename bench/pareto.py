@@ -174,7 +174,7 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
 
     sampler = make_sampler(st.sampler, seed, space, trials, n_startup, st.search,
                            pool=lambda: build_pool(space, screen, seed), constraints=cfg.constraints,
-                           objectives=[o.metric for o in cfg.objectives])
+                           objectives=studylib.told_names(cfg))
     s = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
     baseline = baseline_params(space, cfg.engine.variants)
     design = []

@@ -89,7 +89,7 @@ def run(size: int, trials: int, seed: int, cap_s: float, every: int,
     print(f"pool: {len(pool.keys)} configurations, {pool.X.shape[1]} features, "
           f"built in {time.perf_counter() - t0:.1f} s", flush=True)
     sampler = PoolSampler(space, lambda: pool, cfg.constraints, seed, n_startup=8,
-                          objectives=[o.metric for o in cfg.objectives])
+                          objectives=studylib.told_names(cfg))
     study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
     rng = np.random.default_rng(seed)
     out = []

@@ -125,6 +125,14 @@ def directions(cfg: Config) -> list[str]:
     return [search_direction(cfg.select.rule, cfg.select.metric)]
 
 
+def told_names(cfg: Config) -> list[str]:
+    """What :func:`told_values` holds, in order: the objectives' metrics (pareto), else the
+    selection metric, or the rule (``knee``, ``weighted``) whose scalar is told."""
+    if cfg.study.search == "pareto":
+        return [o.metric for o in cfg.objectives]
+    return [cfg.select.metric if cfg.select.rule == "max" else cfg.select.rule]
+
+
 def told_values(cfg: Config, metrics: dict[str, float]) -> tuple[list[float] | None, str]:
     """The values told to the sampler for measured ``metrics``; (None, why) if one is missing."""
     if cfg.study.search == "pareto":

@@ -46,6 +46,7 @@ from autotune.search.design import FAST_PART
 from autotune.search.design import NO_PRIOR_STARTUP
 from autotune.search.design import config_key
 from autotune.search.design import default_n_startup
+from autotune.search.design import has_speed_prior
 from autotune.search.design import startup_design
 from autotune.search.pool import Pool
 from autotune.search.pool import build_pool
@@ -141,14 +142,15 @@ class Driver:
 
     def n_startup(self) -> int:
         """Trials before the sampler's model (trial 0 and the design included): ``study.n_startup``,
-        else by the budget, and for a single-objective ``bo`` search without a speed prior at
-        most ``NO_PRIOR_STARTUP`` (:mod:`autotune.search.design`)."""
+        else by the budget, and for a single-objective ``bo`` search without a speed prior (no
+        bound, or one that ranks nothing: ``has_speed_prior``) at most ``NO_PRIOR_STARTUP``
+        (:mod:`autotune.search.design`)."""
         st = self.cfg.study
         if st.n_startup is not None:
             return st.n_startup
         n = default_n_startup(st.n_trials)
         if st.search == "single" and resolve(st.sampler, st.search, len(self.cfg.objectives)) == "bo" \
-                and self._screen(baseline_params(self.space, self.cfg.engine.variants))[1] is None:
+                and not has_speed_prior(self.space, st.seed, self._screen):
             n = min(n, NO_PRIOR_STARTUP)
         return n
 
@@ -168,7 +170,7 @@ class Driver:
         stop.install()  # after ray.init (Placement), whose own SIGTERM handlers would pre-empt ours
         sampler = make_sampler(cfg.study.sampler, cfg.study.seed, self.space, cfg.study.n_trials,
                                self.n_startup(), cfg.study.search, pool=self.pool,
-                               constraints=cfg.constraints, objectives=[o.metric for o in cfg.objectives])
+                               constraints=cfg.constraints, objectives=studylib.told_names(cfg))
         study, resumed = studylib.open_study(cfg, sampler)
         if not resumed:
             baseline = baseline_params(self.space, cfg.engine.variants)

@@ -144,7 +144,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
                  seed: int | None = None, n_startup: int = 2, max_train: int = MAX_TRAIN,
                  max_candidates: int = MAX_CANDIDATES, batch: str | None = None,
                  refine: int | None = None, objectives: Sequence[str] = ()) -> None:
-        self.objectives = list(objectives)  # the metrics of a Pareto search, in study order
+        self.objectives = list(objectives)  # the study's metrics, in study order
         self.batch = batch or BATCH
         if self.batch not in batchlib.MODES:
             raise ValueError(f"batch={self.batch!r}: expected one of {', '.join(batchlib.MODES)}")
@@ -238,9 +238,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             for r in best_rows[: self.refine]:
                 pool.grow(refine.neighbours(pool.space, pool.params[r]))
             free = self._free(keys)
-        prior = np.zeros(len(pool.keys))
-        if pool.log_bound is not None and logged and maximize:
-            prior = _trusted_prior(pool.log_bound, rows_ok, y)
+        prior = self.prior(0, rows_ok, y, logged and maximize)
         cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
         self.last_sizes = {"train": len(sel), "candidates": len(cand)}
         Xc = pool.X[cand]
@@ -286,12 +284,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             ends = list(dict.fromkeys([*on_front[:1], *on_front[-1:]]))  # the front's two ends
             for r in ends[: self.refine]:
                 pool.grow(refine.neighbours(pool.space, pool.params[r]))
-        priors = []
-        for j, maximize in enumerate(directions):
-            decode = j < len(self.objectives) and self.objectives[j] == "decode_tps"
-            priors.append(_trusted_prior(pool.log_bound, rows_ok, Y[:, j])
-                          if pool.log_bound is not None and logged[j] and maximize and decode
-                          else np.zeros(len(pool.keys)))
+        priors = [self.prior(j, rows_ok, Y[:, j], logged[j] and maximize) for j, maximize in enumerate(directions)]
         free = self._free(keys)
         if not len(free):
             return None
@@ -314,6 +307,16 @@ class PoolSampler(optuna.samplers.BaseSampler):
             return pool.params[int(cand[np.argmax(log_pf + 1e-3 * mu.sum(axis=1))])]
         acq = frontlib.log_ehvi(mu, sd, front, frontlib.reference(front, span=np.ptp(Y, axis=0)))
         return pool.params[int(cand[np.argmax(acq + log_pf)])]
+
+    def prior(self, j: int, rows: np.ndarray, y: np.ndarray, log_speed: bool) -> np.ndarray:
+        """The prior mean of told value ``j``'s GP over the pool: the trusted decode-speed bound
+        (:func:`_trusted_prior`) when the value is ``decode_tps`` on a log scale (``log_speed``)
+        and the pool has bounds, else zero. A bound on decode speed says little about goodput
+        or TTFT, so it is no prior for them."""
+        pool = self.pool
+        if pool.log_bound is None or not log_speed or self.objectives[j:j + 1] != ["decode_tps"]:
+            return np.zeros(len(pool.keys))
+        return _trusted_prior(pool.log_bound, rows, y)
 
     def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> _GP:
         """A GP for ``name``: past WARM_FROM trials warm-started from its last hyperparameters,

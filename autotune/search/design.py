@@ -6,7 +6,7 @@ break a rule or fail the engine's check are dropped. From that pool of valid poi
 design is picked greedily to be as far as possible from what is already queued (trial 0,
 ``study.enqueue``, which count towards ``study.n_startup``) and from each other (maximin),
 skipping points the engine predicts will not fit. When the engine predicts a decode-speed
-upper bound for every point, the design runs fastest-predicted first.
+upper bound for every point, and the bounds differ, the design runs fastest-predicted first.
 """
 
 from __future__ import annotations
@@ -53,6 +53,20 @@ FAST_PART = {"bo": 0.5, "tpe": 1.0, "gp": 1.0}
 # sets, 5/10/0 against 9/10/0. vllm_h100's median best at trial 20: 0.898 against 0.752 on
 # seeds 0-9, 0.787 against 0.784 on 10-19. bench/results/robust.txt.
 NO_PRIOR_STARTUP = 4
+
+
+def ranks_by_speed(bounds: list[float | None]) -> bool:
+    """Whether predicted decode-speed bounds can rank configurations: every one known and
+    positive, and not all equal. A bound the same everywhere (llama-server's weights-over-
+    RAM-bandwidth bound, which ``parallel`` and ``threads`` do not enter) is no prior."""
+    known = [b for b in bounds if b is not None and b > 0]
+    return bool(known) and len(known) == len(bounds) and max(known) > min(known) * (1 + 1e-9)
+
+
+def has_speed_prior(space: Space, seed: int | None,
+                    screen: Callable[[dict[str, Any]], tuple[bool, float | None]]) -> bool:
+    """Whether the engine's bounds rank the design's candidate points (:func:`ranks_by_speed`)."""
+    return ranks_by_speed([upper for fits, upper in map(screen, _pool(space, seed, set())) if fits])
 
 
 def default_n_startup(n_trials: int) -> int:
@@ -149,7 +163,8 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
     pool = [params for params, fits, _ in screened if fits]
     bound = {config_key(params): upper for params, fits, upper in screened if fits}
     fast = set(bound)
-    if bound and all(upper is not None for upper in bound.values()):
+    ranked_by_bound = ranks_by_speed(list(bound.values()))
+    if ranked_by_bound:
         ranked = sorted(bound.values(), reverse=True)
         cut = ranked[min(len(ranked), max(n, int(len(ranked) * FAST_SHARE))) - 1]
         fast = {k for k, upper in bound.items() if upper >= cut}
@@ -164,6 +179,6 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
         nearest.pop(i)
         chosen.append(params)
         nearest = [min(d, distance(space, c, params)) for c, d in zip(pool, nearest)]
-    if chosen and all(bound[config_key(p)] is not None for p in chosen):
+    if chosen and ranked_by_bound:
         chosen.sort(key=lambda p: -bound[config_key(p)])
     return chosen

@@ -20,6 +20,7 @@ import numpy as np
 from optuna.distributions import CategoricalDistribution
 
 from autotune.search.design import config_key
+from autotune.search.design import ranks_by_speed
 from autotune.search.design import to_unit
 from autotune.search.space import encode
 
@@ -34,7 +35,8 @@ MAX_SIZE = 50_000  # a sampled pool stops growing near the best measured at this
 @dataclass
 class Pool:
     """The launchable configurations, one feature row each, and the log of their predicted
-    decode-speed bound (None unless the engine predicts one for every configuration).
+    decode-speed bound (None unless the engine predicts one for every configuration, and
+    they differ: :func:`autotune.search.design.ranks_by_speed`).
 
     When it is a sample of its space (``space`` and ``screen`` given), :meth:`grow` adds
     configurations near the best measured ones (:mod:`autotune.search.refine`)."""
@@ -123,7 +125,7 @@ def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, floa
         if fits:
             params.append(c)
             bounds.append(bound)
-    known = bool(params) and all(b is not None and b > 0 for b in bounds)
+    known = ranks_by_speed(bounds)
     sampled = space.size() > limit  # a sample of the space: it grows near the best measured
     return Pool(params, [config_key(c) for c in params], featurize(space, params),
                 np.log(np.array(bounds, dtype=float)) if known else None,

@@ -100,7 +100,7 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
         st = cfg.study
         sampler = make_sampler(st.sampler, st.seed, space, st.n_trials, driver.n_startup(), st.search,
                                pool=driver.pool, constraints=cfg.constraints,
-                               objectives=[o.metric for o in cfg.objectives])
+                               objectives=studylib.told_names(cfg))
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
         studylib.enqueue_initial(study, space, baseline, list(st.enqueue), driver.design(baseline))

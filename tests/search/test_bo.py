@@ -22,6 +22,8 @@ from autotune.search.bo import PoolSampler
 from autotune.search.bo import candidate_rows
 from autotune.search.bo import train_rows
 from autotune.search.design import config_key
+from autotune.search.design import has_speed_prior
+from autotune.search.design import ranks_by_speed
 from autotune.search.pool import build_pool
 from autotune.search.pool import featurize
 from autotune.search.space import compile_space
@@ -70,7 +72,8 @@ def _step(study, cfg, space, measure=metrics):
 
 
 def _sampler(cfg, space, seed=0, screen=lambda p: (True, None), n_startup=3):
-    return PoolSampler(space, lambda: build_pool(space, screen, seed), cfg.constraints, seed, n_startup)
+    return PoolSampler(space, lambda: build_pool(space, screen, seed), cfg.constraints, seed, n_startup,
+                       objectives=studylib.told_names(cfg))
 
 
 def test_pool_holds_exactly_the_launchable_configurations():
@@ -168,6 +171,36 @@ def test_the_speed_prediction_is_the_prior_for_unmeasured_configurations():
     free = [p for p in sampler.pool.params if p not in low]  # TTFT far inside its bound so far
     assert math.isclose(bound[config_key(nxt)], max(bound[config_key(p)] for p in free)), nxt
     assert np.isfinite(sampler.pool.log_bound).all()
+
+
+def test_the_speed_bound_is_a_prior_for_decode_speed_only():
+    """The bound enters the GP's mean when decode speed is what the study maximises; told
+    goodput (a serving study), the same bound gives a zero mean."""
+    cfg = _config()
+    space = compile_space(cfg)
+    bound = {config_key(p): 2.0 * metrics(p)["decode_tps"] for p in space.configurations()}
+    rows = np.array([0, 1, 2])
+    for objectives, zero in ((["decode_tps"], False), (["goodput_tps"], True)):
+        sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, bound[config_key(p)]), 0),
+                              cfg.constraints, 0, 3, objectives=objectives)
+        y = sampler.pool.log_bound[rows] - math.log(2.0)
+        prior = sampler.prior(0, rows, y, log_speed=True)
+        assert (not prior.any()) is zero, objectives
+        assert not sampler.prior(0, rows, y, log_speed=False).any()  # a minimised or signed value
+
+
+def test_a_bound_equal_everywhere_is_no_prior():
+    """A bound that does not vary (llama-server's weights over RAM bandwidth, the same for every
+    parallel and threads) ranks nothing: the pool has no bounds, the design keeps its spread
+    and the driver's no-prior startup applies."""
+    cfg = _config()
+    space = compile_space(cfg)
+    assert build_pool(space, lambda p: (True, 50.0)).log_bound is None
+    assert build_pool(space, lambda p: (True, 50.0 + p["a"])).log_bound is not None
+    assert not ranks_by_speed([50.0, 50.0]) and not ranks_by_speed([]) and not ranks_by_speed([1.0, None])
+    assert ranks_by_speed([50.0, 51.0])
+    assert not has_speed_prior(space, 0, lambda p: (True, 50.0))
+    assert has_speed_prior(space, 0, lambda p: (True, 50.0 + p["a"]))
 
 
 def test_training_and_candidate_sets_stay_bounded_as_the_study_grows():

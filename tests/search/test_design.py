@@ -138,6 +138,9 @@ def test_half_the_design_of_bo_spreads_beyond_the_fastest_predicted_third(sample
     ("command_example", ["study.sampler=tpe"], default_n_startup(20)),  # measured for bo only
     ("command_example", ["study.search=pareto"], default_n_startup(20)),
     ("command_example", ["study.n_startup=7"], 7),  # what the user sets wins
+    # llama-server's bound (weights over RAM bandwidth) is the same for every parallel/threads
+    ("serving_cpu", [], NO_PRIOR_STARTUP),
+    ("local_cpu", [], default_n_startup(20)),  # its bound varies with the quantization
 ])
 def test_bo_without_a_speed_prior_starts_its_model_sooner(conf, overrides, want):
     """With a speed bound (local_cpu) bo keeps the full design: the test above."""
