@@ -106,3 +106,17 @@ def test_a_speedup_over_an_infeasible_baseline_says_so_in_both_reports(base, wor
     else:
         assert f"{words}: it does not meet your constraints" in out.getvalue()
         assert html.escape(words) + ": it does not meet your constraints" in page
+
+
+def test_the_pareto_plot_marks_an_infeasible_baseline():
+    """Trial 0 broke a constraint: its star says "(infeasible)"; the feasible winner's does not."""
+    from autotune.output.report_html import pareto_figure
+
+    cfg = _cfg()
+    space = compile_space(cfg)
+    study = optuna.create_study(directions=studylib.directions(cfg))
+    for metrics in ({"decode_tps": 8.0, "ttft_p95_ms": 150.0}, {"decode_tps": 12.0, "ttft_p95_ms": 80.0}):
+        trial = study.ask()
+        studylib.tell(study, trial, cfg, space.suggest(trial), TrialResult(trial.number, "ok", metrics))
+    names = [tr.name for tr in pareto_figure(study, ["decode_tps", "ttft_p95_ms"], 1).data]
+    assert "baseline #0 (infeasible)" in names and "winner #1" in names
