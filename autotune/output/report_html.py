@@ -96,7 +96,8 @@ def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None
             # the star hides the grey fill that marks an infeasible point
             label = f"{name} #{number}" + ("" if _feasible(t) else " (infeasible)")
             fig.add_trace(go.Scatter(
-                x=[t.values[0]], y=[t.values[1]], mode="markers+text", name=label, text=[label], textposition="top center", cliponaxis=False,
+                x=[t.values[0]], y=[t.values[1]], mode="markers+text", name=label, text=[label],
+                textposition="top center", cliponaxis=False,
                 marker={"symbol": "star", "size": 18, "color": color, "line": {"width": 1, "color": "black"}}))
     fig.update_layout(title="Pareto front of the measured trials (stars: winner, baseline = trial 0)",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.18, "x": 0})
