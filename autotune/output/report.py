@@ -221,8 +221,8 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
             over = "the engine default" if defaults == "the engine defaults" else defaults
             console.print(f"[bold green]speed-up over {over}: {s.speedup:.2f}x[/bold green] "
                           f"in {sel} ({s.speedup_source or ''}){noise}")
-        if s.baseline_words():
-            console.print(f"[yellow]{s.baseline_words()}: it does not meet your constraints[/yellow]")
+        if bad_base := s.baseline_words():
+            console.print(f"[yellow]{bad_base}: it does not meet your constraints[/yellow]")
         if s.lead_within_noise:
             words = s.noise_words(True, win.number, s.runner_up)
             console.print(f"[yellow]the winner's lead over #{s.runner_up} is {words}[/yellow]")

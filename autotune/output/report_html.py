@@ -172,9 +172,8 @@ def verdict_html(summary: StudySummary | None, constraints: list[str], metric: s
                       if sp is not None else "")
                    + (f"; <span class='warn'>{html.escape(words)}</span>" if noise else ("; outside noise" if noise is False else ""))
                    + "</p>")
-        if summary.baseline_words():
-            out.append(f"<p class='warn'>{html.escape(summary.baseline_words() or '')}: it does not meet "
-                       "your constraints.</p>")
+        if bad_base := summary.baseline_words():
+            out.append(f"<p class='warn'>{html.escape(bad_base)}: it does not meet your constraints.</p>")
         if summary.lead_within_noise is not None:
             out.append(f"<p>Lead over the runner-up #{summary.runner_up}: "
                        + (f"<span class='warn'>{html.escape(summary.noise_words(True, win.number, summary.runner_up) or '')}</span>"

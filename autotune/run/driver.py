@@ -14,6 +14,7 @@ A trial cut off by a stop is re-queued on resume and does not count either.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -140,6 +141,12 @@ class Driver:
         """The launchable configurations (rules, engine check, fit prediction) for ``bo``."""
         return build_pool(self.space, self._screen, self.cfg.study.seed)
 
+    @functools.cached_property
+    def speed_prior(self) -> bool:
+        """Whether the engine's decode-speed bounds rank configurations (``has_speed_prior``),
+        screened once per driver."""
+        return has_speed_prior(self.space, self.cfg.study.seed, self._screen)
+
     def n_startup(self) -> int:
         """Trials before the sampler's model (trial 0 and the design included): ``study.n_startup``,
         else by the budget, and for a single-objective ``bo`` search without a speed prior (no
@@ -150,7 +157,7 @@ class Driver:
             return st.n_startup
         n = default_n_startup(st.n_trials)
         if st.search == "single" and resolve(st.sampler, st.search, len(self.cfg.objectives)) == "bo" \
-                and not has_speed_prior(self.space, st.seed, self._screen):
+                and not self.speed_prior:
             n = min(n, NO_PRIOR_STARTUP)
         return n
 

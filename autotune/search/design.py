@@ -40,7 +40,8 @@ POOL = 256  # valid, distinct points the design is picked from
 # Those figures predate issue 23: the priors then carried the simulators' own constants, and
 # the seeds (100-119) are now the report set. Not re-tuned since. A 4-trial startup without a
 # prior (np4 in bench/results/robust.txt) first measured within seed noise (18 of 30 no-prior
-# tune studies against 16); re-measured on today's sampler and on ten more seeds, it was kept:
+# tune studies against 16); re-measured on today's sampler and on ten more seeds, it was kept
+# (NO_PRIOR_STARTUP below).
 FAST_SHARE = 1 / 3
 FAST_PART = {"bo": 0.5, "tpe": 1.0, "gp": 1.0}
 # Without a speed prior (no predict block, so no bound), a single-objective bo search measures at
