@@ -256,7 +256,38 @@ def group(runs: list[Run], truths: dict[str, Truth]) -> list[dict]:
             for k in keys]
 
 
-def table(rows: list[dict], truths: dict[str, Truth]) -> str:
+def paired(runs: list[Run], base: str = "default") -> list[str]:
+    """The methods side by side on the same seeds (the timing noise is paired), one line per
+    surface x set x prior mode x how it ran: for each other method (a METHODS name or a
+    variant), ``won/lost``: the seeds where ``base`` reached 95% by trial 20 and it did not, and
+    the reverse; then the totals with a two-sided sign test over the seeds where they differ."""
+    from scipy.stats import binomtest
+
+    hit = {(r.surface, r.set, r.mode, r.via, r.method, r.seed): r.trials_to(0.95) <= 20 for r in runs if r.curve}
+    cells = list(dict.fromkeys(k[:4] for k in hit))
+    others = [m for m in dict.fromkeys(k[4] for k in hit) if m != base and (m in METHODS or ":" in m)]
+    totals = {m: [0, 0, 0] for m in others}  # won, lost, seeds
+    lines = []
+    for cell in cells:
+        parts = []
+        for m in others:
+            seeds = [k[5] for k in hit if k[:5] == (*cell, m) and (*cell, base, k[5]) in hit]
+            if not seeds:
+                continue
+            won = sum(hit[(*cell, base, sd)] and not hit[(*cell, m, sd)] for sd in seeds)
+            lost = sum(hit[(*cell, m, sd)] and not hit[(*cell, base, sd)] for sd in seeds)
+            parts.append(f"vs {m} {won}/{lost}")
+            totals[m] = [totals[m][0] + won, totals[m][1] + lost, totals[m][2] + len(seeds)]
+        if parts:
+            lines.append(f"{cell[0]:15s} {cell[1]:6s} {cell[2]:10s} {cell[3]:4s} " + ", ".join(parts))
+    for m, (won, lost, n) in totals.items():
+        if n:
+            p = binomtest(won, won + lost).pvalue if won + lost else 1.0
+            lines.append(f"all: {base} vs {m}: won {won}, lost {lost} of {n} paired studies (sign test p = {p:.2g})")
+    return lines
+
+
+def table(rows: list[dict], truths: dict[str, Truth], runs: list[Run] = ()) -> str:
     from rich.console import Console
     from rich.table import Table
 
@@ -284,6 +315,12 @@ def table(rows: list[dict], truths: dict[str, Truth]) -> str:
         console.print(f"{name}: {tr.n_configs} configs, {tr.n_launchable} launchable (no rule broken, "
                       f"not predicted OOM by the physics prior), {tr.n_feasible} feasible, {tr.n_within95} "
                       f"within 95% of the optimum {tr.optimum:.4g} {tr.metric}")
+    lines = paired(list(runs))
+    if lines:
+        console.print("\nside by side on the same seeds: studies where the default reached 95% by trial 20 and "
+                      "the other method did not / the reverse", soft_wrap=True)
+        for line in lines:
+            console.print(line, soft_wrap=True)
     lines = verdicts(rows)
     if lines:
         console.print("\ntargets (issue 23) for the default:")
@@ -313,7 +350,7 @@ def merge(files: list[Path], results: Path, cmd: str) -> int:
         for run in load_runs(f):
             runs[(run.surface, run.mode, run.method, run.seed, run.via)] = run
     truths = {s: load(s) for s in dict.fromkeys(k[0] for k in runs)}
-    text = table(group(list(runs.values()), truths), truths)
+    text = table(group(list(runs.values()), truths), truths, list(runs.values()))
     tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
     print(tail, end="")
     write_results(results, text + tail, group(list(runs.values()), truths), list(runs.values()), 0.0, cmd)
@@ -379,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         truths = {s: load(s) for s in names}
         runs = smoke(truths, min(args.seeds, 5), args.trials)
         rows = group(runs, truths)
-        text = table(rows, truths)
+        text = table(rows, truths, runs)
         if "--results" in given:
             write_results(Path(args.results), text, rows, runs, 0.0, cmd)
         return 0
@@ -440,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
     wall = time.monotonic() - t0
     rows = group(runs, truths)
-    text = table(rows, truths)
+    text = table(rows, truths, runs)
     tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs)} launched trials in {wall:.0f} s\n$ {cmd}\n"
     tail += "".join(f"study {r.surface}/{r.mode}/{r.method}/s{r.seed} exited {r.rc}: {r.error}\n"
                     for r in runs if r.rc != 0)

@@ -112,6 +112,26 @@ def test_efficiency_reports_a_wilson_interval_and_quartiles():
     assert efficiency._quartiles([3.0, float("inf")])[1] == float("inf")
 
 
+def test_paired_lines_count_the_seeds_where_one_method_reached_95_and_the_other_did_not():
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    def run(method, seed, last):
+        return efficiency.Run("cpu_7b", method, seed, 0, 0.0, (0.5,) * 19 + (last,), None, mode="none", via="fast")
+
+    # default reaches 95% on seeds 100-102, tpe on 102-103; seed 104 neither; a relabelled
+    # history row ("bo-old") and a seed only one method ran are left out
+    runs = [run("default", s, 0.97 if s <= 102 else 0.9) for s in range(100, 105)]
+    runs += [run("tpe", s, 0.96 if s in (102, 103) else 0.8) for s in range(100, 105)]
+    runs += [run("bo-old", 100, 0.1), run("tpe", 105, 1.0)]
+    lines = efficiency.paired(runs)
+    assert lines[0].split() == ["cpu_7b", "report", "none", "fast", "vs", "tpe", "2/1"]
+    assert lines[1].startswith("all: default vs tpe: won 2, lost 1 of 5 paired studies (sign test p = 1")
+    assert len(lines) == 2
+    assert "side by side on the same seeds" in efficiency.table(efficiency.group(runs, {"cpu_7b": load("cpu_7b")}),
+                                                                 {"cpu_7b": load("cpu_7b")}, runs)
+
+
 @pytest.mark.parametrize("name", SIX)
 def test_physics_prior_carries_no_simulator_constant(name):
     """Issue 23: the predict blocks use public numbers only; the old blocks' constants read
