@@ -51,6 +51,8 @@ sys.path.insert(0, str(SURFACE_DIR))
 sys.path.insert(0, str(ROOT))
 
 from sim import with_noise  # noqa: E402
+from stats import _quartiles  # noqa: E402
+from stats import wilson  # noqa: E402
 from truth import Truth  # noqa: E402
 from truth import load  # noqa: E402
 from truth import satisfies  # noqa: E402
@@ -229,26 +231,13 @@ def at(c: list[float], n: int) -> float:
     return c[min(n, len(c)) - 1] if c else 0.0
 
 
-def wilson(hits: int, n: int) -> tuple[float, float]:
-    from scipy.stats import binomtest
-
-    ci = binomtest(hits, n).proportion_ci(confidence_level=0.95, method="wilson")
-    return float(ci.low), float(ci.high)
-
-
-def quartiles(values: list[float]) -> tuple[float, float]:
-    import numpy as np
-
-    return float(np.percentile(values, 25)), float(np.percentile(values, 75))
-
-
 def aggregate(surface_name: str, method: str, curves: list[list[float]], walls: list[float]) -> dict:
     a20 = [at(c, 20) for c in curves]
     hits = sum(v >= TARGET for v in a20)
     return {"surface": surface_name, "method": method, "seeds": len(curves),
             **{f"at{n}": statistics.median(at(c, n) for c in curves) for n in CHECKPOINTS},
             "reach90_by20": hits / len(curves), "reach90_ci": wilson(hits, len(curves)),
-            "median20": statistics.median(a20), "q20": quartiles(a20),
+            "median20": statistics.median(a20), "q20": _quartiles(a20),
             "wall_s": statistics.median(walls)}
 
 
