@@ -260,13 +260,14 @@ def paired(runs: list[Run], base: str = "default") -> list[str]:
     """The methods side by side on the same seeds (the timing noise is paired), one line per
     surface x set x prior mode x how it ran: for each other method (a METHODS name or a
     variant), ``won/lost``: the seeds where ``base`` reached 95% by trial 20 and it did not, and
-    the reverse; then the totals with a two-sided sign test over the seeds where they differ."""
+    the reverse; then the totals per way it ran (fast, cli: the same seeds run both ways are not
+    pooled) with a two-sided sign test over the seeds where they differ."""
     from scipy.stats import binomtest
 
     hit = {(r.surface, r.set, r.mode, r.via, r.method, r.seed): r.trials_to(0.95) <= 20 for r in runs if r.curve}
     cells = list(dict.fromkeys(k[:4] for k in hit))
     others = [m for m in dict.fromkeys(k[4] for k in hit) if m != base and (m in METHODS or ":" in m)]
-    totals = {m: [0, 0, 0] for m in others}  # won, lost, seeds
+    totals: dict[tuple[str, str], list[int]] = {}  # (how it ran, method) -> won, lost, seeds
     lines = []
     for cell in cells:
         parts = []
@@ -277,13 +278,13 @@ def paired(runs: list[Run], base: str = "default") -> list[str]:
             won = sum(hit[(*cell, base, sd)] and not hit[(*cell, m, sd)] for sd in seeds)
             lost = sum(hit[(*cell, m, sd)] and not hit[(*cell, base, sd)] for sd in seeds)
             parts.append(f"vs {m} {won}/{lost}")
-            totals[m] = [totals[m][0] + won, totals[m][1] + lost, totals[m][2] + len(seeds)]
+            t = totals.setdefault((cell[3], m), [0, 0, 0])
+            totals[(cell[3], m)] = [t[0] + won, t[1] + lost, t[2] + len(seeds)]
         if parts:
             lines.append(f"{cell[0]:15s} {cell[1]:6s} {cell[2]:10s} {cell[3]:4s} " + ", ".join(parts))
-    for m, (won, lost, n) in totals.items():
-        if n:
-            p = binomtest(won, won + lost).pvalue if won + lost else 1.0
-            lines.append(f"all: {base} vs {m}: won {won}, lost {lost} of {n} paired studies (sign test p = {p:.2g})")
+    for (via, m), (won, lost, n) in totals.items():
+        p = binomtest(won, won + lost).pvalue if won + lost else 1.0
+        lines.append(f"all {via}: {base} vs {m}: won {won}, lost {lost} of {n} paired studies (sign test p = {p:.2g})")
     return lines
 
 

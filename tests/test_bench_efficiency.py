@@ -126,10 +126,16 @@ def test_paired_lines_count_the_seeds_where_one_method_reached_95_and_the_other_
     runs += [run("bo-old", 100, 0.1), run("tpe", 105, 1.0)]
     lines = efficiency.paired(runs)
     assert lines[0].split() == ["cpu_7b", "report", "none", "fast", "vs", "tpe", "2/1"]
-    assert lines[1].startswith("all: default vs tpe: won 2, lost 1 of 5 paired studies (sign test p = 1")
+    assert lines[1].startswith("all fast: default vs tpe: won 2, lost 1 of 5 paired studies (sign test p = 1")
     assert len(lines) == 2
-    assert "side by side on the same seeds" in efficiency.table(efficiency.group(runs, {"cpu_7b": load("cpu_7b")}),
-                                                                 {"cpu_7b": load("cpu_7b")}, runs)
+    truths = {"cpu_7b": load("cpu_7b")}
+    text = efficiency.table(efficiency.group(runs, truths), truths, runs)
+    assert "side by side on the same seeds" in text
+    # a share of 5 seeds is a spot check: no target is judged on it; 10 seeds are judged
+    assert "targets (issue 23)" not in text
+    ten = [run("default", s, 0.97) for s in range(100, 110)]
+    assert [line.split()[:7] for line in efficiency.verdicts(efficiency.group(ten, truths))] == [
+        ["cpu_7b", "report", "none", "fast", "default", "95%", "by"]]
 
 
 @pytest.mark.parametrize("name", SIX)
