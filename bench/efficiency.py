@@ -60,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 from stats import _median  # noqa: E402
 from stats import _n  # noqa: E402
 from stats import _quartiles  # noqa: E402, F401 (tests use efficiency._quartiles)
+from stats import side_by_side  # noqa: E402
 from stats import verdicts  # noqa: E402
 from stats import wilson  # noqa: E402
 from truth import Truth  # noqa: E402
@@ -258,34 +259,12 @@ def group(runs: list[Run], truths: dict[str, Truth]) -> list[dict]:
 
 def paired(runs: list[Run], base: str = "default") -> list[str]:
     """The methods side by side on the same seeds (the timing noise is paired), one line per
-    surface x set x prior mode x how it ran: for each other method (a METHODS name or a
-    variant), ``won/lost``: the seeds where ``base`` reached 95% by trial 20 and it did not, and
-    the reverse; then the totals per way it ran (fast, cli: the same seeds run both ways are not
-    pooled) with a two-sided sign test over the seeds where they differ."""
-    from scipy.stats import binomtest
-
-    hit = {(r.surface, r.set, r.mode, r.via, r.method, r.seed): r.trials_to(0.95) <= 20 for r in runs if r.curve}
-    cells = list(dict.fromkeys(k[:4] for k in hit))
-    others = [m for m in dict.fromkeys(k[4] for k in hit) if m != base and (m in METHODS or ":" in m)]
-    totals: dict[tuple[str, str], list[int]] = {}  # (how it ran, method) -> won, lost, seeds
-    lines = []
-    for cell in cells:
-        parts = []
-        for m in others:
-            seeds = [k[5] for k in hit if k[:5] == (*cell, m) and (*cell, base, k[5]) in hit]
-            if not seeds:
-                continue
-            won = sum(hit[(*cell, base, sd)] and not hit[(*cell, m, sd)] for sd in seeds)
-            lost = sum(hit[(*cell, m, sd)] and not hit[(*cell, base, sd)] for sd in seeds)
-            parts.append(f"vs {m} {won}/{lost}")
-            t = totals.setdefault((cell[3], m), [0, 0, 0])
-            totals[(cell[3], m)] = [t[0] + won, t[1] + lost, t[2] + len(seeds)]
-        if parts:
-            lines.append(f"{cell[0]:15s} {cell[1]:6s} {cell[2]:10s} {cell[3]:4s} " + ", ".join(parts))
-    for (via, m), (won, lost, n) in totals.items():
-        p = binomtest(won, won + lost).pvalue if won + lost else 1.0
-        lines.append(f"all {via}: {base} vs {m}: won {won}, lost {lost} of {n} paired studies (sign test p = {p:.2g})")
-    return lines
+    surface x set x prior mode x how it ran, against every other method (a METHODS name or a
+    variant): :func:`stats.side_by_side` at 95% by trial 20; totals per way it ran (fast, cli:
+    the same seeds run both ways are not pooled)."""
+    hits = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r.trials_to(0.95) <= 20 for r in runs
+            if r.curve and (r.method == base or r.method in METHODS or ":" in r.method)}
+    return side_by_side(hits, base, total_by=lambda cell: cell[3])
 
 
 def table(rows: list[dict], truths: dict[str, Truth], runs: list[Run] = ()) -> str:

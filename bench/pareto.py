@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 from sim import with_noise  # noqa: E402
 from stats import _quartiles  # noqa: E402
+from stats import side_by_side  # noqa: E402
 from stats import wilson  # noqa: E402
 from truth import Truth  # noqa: E402
 from truth import load  # noqa: E402
@@ -241,7 +242,9 @@ def aggregate(surface_name: str, method: str, curves: list[list[float]], walls: 
             "wall_s": statistics.median(walls)}
 
 
-def table(rows: list[dict], surfaces: dict[str, Surface]) -> str:
+def table(rows: list[dict], surfaces: dict[str, Surface], hits: dict | None = None) -> str:
+    """The table, each surface's true front and, given ``hits`` ((surface,), method, seed) ->
+    reached 90% by trial 20, the methods side by side on the same seeds."""
     from rich.console import Console
     from rich.table import Table
 
@@ -262,7 +265,31 @@ def table(rows: list[dict], surfaces: dict[str, Surface]) -> str:
         front = ", ".join(f"({-a:.3g}, {b:.3g})" for a, b in sf.front)
         console.print(f"{name}: {sf.truth.n_feasible} feasible of {sf.truth.n_configs}; true front "
                       f"(decode_tps, {sf.second}): {front}; reference point ({-sf.ref[0]:.3g}, {sf.ref[1]:.3g})")
+    lines = side_by_side(hits or {})
+    if lines:
+        console.print(f"\nside by side on the same seeds: studies where the default reached {TARGET:.0%} of the "
+                      "true front's hypervolume by trial 20 and the other method did not / the reverse", soft_wrap=True)
+        for line in lines:
+            console.print(line, soft_wrap=True)
     return console.export_text()
+
+
+def rescore(path: Path) -> int:
+    """Print the table of a results .json (its stored curves) again, with the side-by-side counts."""
+    saved = json.loads(path.read_text())
+    runs = saved["curves"]
+    names = list(dict.fromkeys(r["surface"] for r in runs))
+    methods = list(dict.fromkeys(r["method"] for r in runs))
+    rows = [aggregate(n, m, [r["curve"] for r in runs if (r["surface"], r["method"]) == (n, m)],
+                      [r["wall_s"] for r in runs if (r["surface"], r["method"]) == (n, m)])
+            for n in names for m in methods if any((r["surface"], r["method"]) == (n, m) for r in runs)]
+    if len(names) > 1:
+        rows += [aggregate("all", m, [r["curve"] for r in runs if r["method"] == m],
+                           [r["wall_s"] for r in runs if r["method"] == m]) for m in methods]
+    hits = {((r["surface"],), r["method"], r["seed"]): at(r["curve"], 20) >= TARGET for r in runs}
+    print(table(rows, {n: surface(n) for n in names}, hits), end="")
+    print(f"\n{len(runs)} studies rescored from {path} ({saved['command']})")
+    return 0
 
 
 def _job(args: tuple) -> dict:
@@ -284,10 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-part", type=float, default=None,
                     help="exploring: the design's share from the fastest-predicted third (default: "
                          "design.FAST_PART of the sampler, 1.0 for gp and tpe)")
+    ap.add_argument("--rescore", metavar="JSON", default=None,
+                    help="no runs: print the table of a results .json again (with today's table code)")
     ap.add_argument("--smoke", action="store_true",
                     help="seconds: streamer_70b, default/tpe/random, 1 seed, 10 trials; writes nothing")
     args = ap.parse_args(argv)
     cmd = "python bench/pareto.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    if args.rescore:
+        return rescore(Path(args.rescore))
     if args.smoke:
         args.surfaces, args.methods, args.seeds, args.trials = "streamer_70b", "default,tpe,random", 1, 10
     names = [s for s in args.surfaces.split(",") if s]
@@ -322,7 +353,9 @@ def main(argv: list[str] | None = None) -> int:
         if len(names) > 1:
             rows.append(aggregate("all", label(m), [curve(surfaces[r["surface"]], r) for r in mine],
                                   [r["wall_s"] for r in mine]))
-    text = table(rows, surfaces)
+    hits = {((r["surface"],), label(r["method"]), r["seed"]): at(curve(surfaces[r["surface"]], r), 20) >= TARGET
+            for r in runs}
+    text = table(rows, surfaces, hits)
     tail = f"\n{len(runs)} studies, seeds {seeds.start}-{seeds.stop - 1}, {wall:.0f} s\n$ {cmd}\n"
     print(tail, end="")
     if not args.smoke:

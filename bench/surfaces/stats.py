@@ -1,9 +1,11 @@
-"""Statistics for bench/efficiency.py: medians, Wilson intervals, quartiles, issue 23's targets."""
+"""Statistics for bench/efficiency.py and bench/pareto.py: medians, Wilson intervals, quartiles,
+side-by-side counts on paired seeds, issue 23's targets."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 
 
 def _median(values: list[float]) -> float:
@@ -66,3 +68,37 @@ def verdicts(rows: list[dict]) -> list[str]:
             line += f"; median trials to 95% {_n(d)} vs measured random {_n(x)}: {ratio} (target 3x)"
         out.append(line)
     return out
+
+
+def side_by_side(hits: dict[tuple, bool], base: str = "default",
+                 total_by: Callable[[tuple], str] = lambda cell: "") -> list[str]:
+    """Methods compared seed by seed: ``hits`` maps (cell, method, seed) to whether that study
+    reached the target (``cell``: a tuple of labels, e.g. surface and prior mode). One line per
+    cell with, for every other method run on the same seeds, ``won/lost``: the seeds where
+    ``base`` reached it and the other did not, and the reverse; then the totals, pooled over the
+    cells with the same ``total_by(cell)``, with a two-sided sign test over the seeds where the
+    two differ."""
+    from scipy.stats import binomtest
+
+    cells = list(dict.fromkeys(k[0] for k in hits))
+    others = [m for m in dict.fromkeys(k[1] for k in hits) if m != base]
+    totals: dict[tuple[str, str], list[int]] = {}  # (group, method) -> won, lost, seeds
+    lines = []
+    for cell in cells:
+        parts = []
+        for m in others:
+            seeds = [k[2] for k in hits if k[:2] == (cell, m) and (cell, base, k[2]) in hits]
+            if not seeds:
+                continue
+            won = sum(hits[(cell, base, sd)] and not hits[(cell, m, sd)] for sd in seeds)
+            lost = sum(hits[(cell, m, sd)] and not hits[(cell, base, sd)] for sd in seeds)
+            parts.append(f"vs {m} {won}/{lost}")
+            t = totals.setdefault((total_by(cell), m), [0, 0, 0])
+            totals[(total_by(cell), m)] = [t[0] + won, t[1] + lost, t[2] + len(seeds)]
+        if parts:
+            lines.append(" ".join(f"{c:{w}s}" for c, w in zip(cell, (15, 6, 10, 4))) + " " + ", ".join(parts))
+    for (group, m), (won, lost, n) in totals.items():
+        p = binomtest(won, won + lost).pvalue if won + lost else 1.0
+        lines.append(f"all{' ' + group if group else ''}: {base} vs {m}: won {won}, lost {lost} of {n} "
+                     f"paired studies (sign test p = {p:.2g})")
+    return lines
