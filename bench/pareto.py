@@ -274,21 +274,27 @@ def table(rows: list[dict], surfaces: dict[str, Surface], hits: dict | None = No
     return console.export_text()
 
 
+def summarise(scored: list[dict]) -> tuple[list[dict], dict]:
+    """The table's rows (each surface x method, then every surface pooled when there are
+    several) and the side-by-side hits (reached ``TARGET`` by trial 20) of scored studies:
+    dicts with surface, method, seed, curve and wall_s."""
+    names = list(dict.fromkeys(r["surface"] for r in scored))
+    methods = list(dict.fromkeys(r["method"] for r in scored))
+    groups = [(n, m, [r for r in scored if (r["surface"], r["method"]) == (n, m)]) for n in names for m in methods]
+    if len(names) > 1:
+        groups += [("all", m, [r for r in scored if r["method"] == m]) for m in methods]
+    rows = [aggregate(n, m, [r["curve"] for r in mine], [r["wall_s"] for r in mine]) for n, m, mine in groups if mine]
+    hits = {((r["surface"],), r["method"], r["seed"]): at(r["curve"], 20) >= TARGET for r in scored}
+    return rows, hits
+
+
 def rescore(path: Path) -> int:
     """Print the table of a results .json (its stored curves) again, with the side-by-side counts."""
     saved = json.loads(path.read_text())
-    runs = saved["curves"]
-    names = list(dict.fromkeys(r["surface"] for r in runs))
-    methods = list(dict.fromkeys(r["method"] for r in runs))
-    rows = [aggregate(n, m, [r["curve"] for r in runs if (r["surface"], r["method"]) == (n, m)],
-                      [r["wall_s"] for r in runs if (r["surface"], r["method"]) == (n, m)])
-            for n in names for m in methods if any((r["surface"], r["method"]) == (n, m) for r in runs)]
-    if len(names) > 1:
-        rows += [aggregate("all", m, [r["curve"] for r in runs if r["method"] == m],
-                           [r["wall_s"] for r in runs if r["method"] == m]) for m in methods]
-    hits = {((r["surface"],), r["method"], r["seed"]): at(r["curve"], 20) >= TARGET for r in runs}
+    rows, hits = summarise(saved["curves"])
+    names = list(dict.fromkeys(r["surface"] for r in saved["curves"]))
     print(table(rows, {n: surface(n) for n in names}, hits), end="")
-    print(f"\n{len(runs)} studies rescored from {path} ({saved['command']})")
+    print(f"\n{len(saved['curves'])} studies rescored from {path} ({saved['command']})")
     return 0
 
 
@@ -342,19 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         runs = [_job(j) for j in jobs]
     wall = time.monotonic() - t0
-    rows = []
-    for n in names:
-        for m in methods:
-            mine = [r for r in runs if r["surface"] == n and r["method"] == m]
-            rows.append(aggregate(n, label(m), [curve(surfaces[n], r) for r in mine],
-                                  [r["wall_s"] for r in mine]))
-    for m in methods:  # every surface pooled
-        mine = [r for r in runs if r["method"] == m]
-        if len(names) > 1:
-            rows.append(aggregate("all", label(m), [curve(surfaces[r["surface"]], r) for r in mine],
-                                  [r["wall_s"] for r in mine]))
-    hits = {((r["surface"],), label(r["method"]), r["seed"]): at(curve(surfaces[r["surface"]], r), 20) >= TARGET
-            for r in runs}
+    scored = [{"surface": r["surface"], "method": r["method"], "seed": r["seed"],
+               "curve": curve(surfaces[r["surface"]], r), "wall_s": r["wall_s"], "asks": r["asks"]} for r in runs]
+    rows, hits = summarise([{**r, "method": label(r["method"])} for r in scored])
     text = table(rows, surfaces, hits)
     tail = f"\n{len(runs)} studies, seeds {seeds.start}-{seeds.stop - 1}, {wall:.0f} s\n$ {cmd}\n"
     print(tail, end="")
@@ -363,10 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".txt").write_text(text + tail)
         out.with_suffix(".json").write_text(json.dumps(
-            {"command": cmd, "rows": rows, "curves": [
-                {"surface": r["surface"], "method": r["method"], "seed": r["seed"],
-                 "curve": curve(surfaces[r["surface"]], r), "wall_s": r["wall_s"], "asks": r["asks"]}
-                for r in runs]}, indent=1))
+            {"command": cmd, "rows": rows, "curves": scored}, indent=1))
     return 0
 
 
