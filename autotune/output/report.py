@@ -223,6 +223,10 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
                           f"in {sel} ({s.speedup_source or ''}){noise}")
         if bad_base := s.baseline_words():
             console.print(f"[yellow]{bad_base}: it does not meet your constraints[/yellow]")
+        for row in s.remeasured_rows():
+            if row.dropped and row.trial != str(base.number if base else None):
+                console.print(f"[yellow]candidate #{row.trial} was dropped after its re-measurement: "
+                              f"{row.dropped}[/yellow]")
         if s.lead_within_noise:
             words = s.noise_words(True, win.number, s.runner_up)
             console.print(f"[yellow]the winner's lead over #{s.runner_up} is {words}[/yellow]")

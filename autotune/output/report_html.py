@@ -180,10 +180,14 @@ def verdict_html(summary: StudySummary | None, constraints: list[str], metric: s
                           if summary.lead_within_noise else "outside noise")
                        + " (bootstrap 95% CI of the difference of medians).</p>")
     if summary.remeasured:
+        remeasured = summary.remeasured_rows()
+        why = any(r.dropped for r in remeasured)  # a column only when a candidate was dropped
         rows = "".join(f"<tr><td>#{r.trial}</td><td>{_cell(r.median)}</td><td>{_cell(r.ci95[0])} - {_cell(r.ci95[1])}"
-                       f"</td><td>{r.n}</td></tr>" for r in summary.remeasured_rows())
+                       f"</td><td>{r.n}</td>" + (f"<td class='warn'>{_cell(r.dropped)}</td>" if why else "") + "</tr>"
+                       for r in remeasured)
         out.append(f"<p>Re-measured side by side ({html.escape(_label(summary.remeasured_metric))}):</p><table><tr>"
-                   f"<th>trial</th><th>median</th><th>95% CI</th><th>samples</th></tr>{rows}</table>")
+                   f"<th>trial</th><th>median</th><th>95% CI</th><th>samples</th>"
+                   + ("<th>dropped: its re-measured numbers</th>" if why else "") + f"</tr>{rows}</table>")
     for w in summary.warnings or []:
         out.append(f"<p class='warn'>warning: {html.escape(w)}</p>")
     return "".join(out)

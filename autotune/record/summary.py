@@ -43,7 +43,7 @@ class Remeasurement:
     (where the driver copies it, under the same keys of ``summary.json``).
     """
 
-    remeasured: dict | None = None  # {"metric": NAME, "by_trial": {n: {median, ci95, n}}}
+    remeasured: dict | None = None  # {"metric": NAME, "by_trial": {n: {median, ci95, n[, dropped]}}}
     lead_within_noise: bool | None = None
     runner_up: int | None = None
     speedup: float | None = None
@@ -55,7 +55,7 @@ class Remeasurement:
         """The side-by-side re-measurement, one row per trial, in the order it was stored."""
         if not self.remeasured:
             return []
-        return [RemeasuredRow(str(n), v["median"], tuple(v["ci95"]), v["n"])
+        return [RemeasuredRow(str(n), v["median"], tuple(v["ci95"]), v["n"], v.get("dropped", ""))
                 for n, v in self.remeasured["by_trial"].items()]
 
     def noise_words(self, within: bool | None, *trials: int | None) -> str | None:
@@ -80,12 +80,14 @@ class Remeasurement:
 
 @dataclass(frozen=True)
 class RemeasuredRow:
-    """One trial's re-measured median, its 95% confidence interval and the sample count."""
+    """One trial's re-measured median, its 95% confidence interval, the sample count and, when
+    its re-measured numbers broke a constraint (or its re-runs failed), why it was dropped."""
 
     trial: str  # the trial number as summary.json keys it
     median: float
     ci95: tuple[float, float]
     n: int
+    dropped: str = ""  # e.g. "broke ttft_p95_ms <= 200 (measured 203.1)"; empty: it stayed a candidate
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Search-time numbers come from one trial each, measured at different moments on a noisy
 machine. Before naming a winner, the ``select.top_k`` best candidates (by the selection
 rule) and the baseline are re-run ``select.rerun_repeats`` times, interleaved and in
-alternating order, and the winner is chosen on those pooled numbers. The summary says
+alternating order, and the winner is chosen on those pooled numbers; a candidate whose
+re-measured numbers break a constraint (or whose re-runs all failed) is dropped, and the
+summary says why (``by_trial[n]["dropped"]``). The summary says
 whether the winner's lead over the runner-up and over the baseline is within noise
 (the bootstrap 95% CI of the difference of the medians contains 0).
 """
@@ -100,6 +102,9 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
     samples = {n: _samples(sel.metric, *runs[n]) for n in runs}
     table = {n: {"median": summarize(s).median, "ci95": [summarize(s).ci_low, summarize(s).ci_high],
                  "n": len(s)} for n, s in samples.items()}
+    for n, rec in merged.items():  # why a re-measured candidate was not in the final ranking
+        if not rec.feasible:
+            table[n]["dropped"] = rec.broken() or rec.reason or "infeasible"
     kw: dict = {"winner": winner, "remeasured": {"metric": sel.metric, "by_trial": table}}
     if baseline is not None and baseline.number in merged:
         kw["baseline_remeasured"] = merged[baseline.number]

@@ -72,6 +72,7 @@ def test_a_one_sample_verdict_reads_not_judged_in_both_reports():
     assert text.count("not judged: 1 re-measured sample on a side; raise select.rerun_repeats") == 2
     page = verdict_html(s, [], "decode_tps")
     assert "within noise" not in page and page.count("not judged") == 2
+    assert "dropped" not in page + text  # no candidate dropped: no column, no line
 
 
 @pytest.mark.parametrize(("base", "words"), [
