@@ -28,15 +28,24 @@ def test_a_baseline_that_wins_is_neither_its_own_runner_up_nor_judged_against_it
 
 
 def test_a_candidate_that_breaks_a_constraint_when_re_measured_is_dropped_and_the_reports_say_why(tmp_path):
-    """On the exl2_70b bench surface (seed 1) the second-best candidate, #9, measured a TTFT
-    p95 under 200 ms in the search and 201 ms when re-measured: it leaves the final ranking,
-    and summary.json, the console and report.html say why (before, the re-measure table showed
-    its median beside a slower winner with no reason)."""
+    """On the exl2_70b bench surface, candidate #5 measures a TTFT p95 of 190.6 ms in the search
+    and 200.7 ms when re-measured (bound 200): it leaves the final ranking to #6, and
+    summary.json, the console and report.html say why (before, the re-measure table showed its
+    median beside the winner with no reason).
+
+    The trials are enqueued, not searched: the simulator's noise is seeded by the
+    configuration, the seed and the re-measure directory (which holds the trial number), so
+    these figures hold on any machine, while a searched path can differ in the GP's last bits
+    from one CPU to another (it once put this case at #11 instead of #9). #1-#4 are slow
+    fillers that put the two candidates at #5 and #6."""
     from tests.conftest import ROOT
 
+    fillers = "{max_seq_len: 4096}, {max_seq_len: 8192}, {max_seq_len: 12288}, {cache_mode: Q8}"
+    candidates = ("{bpw: 4.0, cache_mode: Q8, gpu_split: tp, draft_k: 4, max_seq_len: 32768}, "
+                  "{bpw: 3.5, cache_mode: Q8, gpu_split: tp, draft_k: 5, max_seq_len: 32768}")
     args = ["run", "--config-dir", str(ROOT / "bench" / "surfaces"), "conf=exl2_70b", "~engine.settings.predict",
-            "study.n_trials=14", "study.seed=1", "engine.settings.vars.noise_seed=1", "tracking.enabled=false",
-            *study_overrides(tmp_path, "dropped")]
+            "study.n_trials=7", "study.n_startup=1", f"study.enqueue=[{fillers}, {candidates}]",
+            "engine.settings.vars.noise_seed=1", "tracking.enabled=false", *study_overrides(tmp_path, "dropped")]
     proc = run_cli_here(args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     study = tmp_path / "studies" / "dropped"
@@ -44,10 +53,9 @@ def test_a_candidate_that_breaks_a_constraint_when_re_measured_is_dropped_and_th
     by_trial = summary["remeasured"]["by_trial"]
     winner = str(summary["winner"]["number"])
     dropped = {n: v["dropped"] for n, v in by_trial.items() if "dropped" in v and n != "0"}
-    assert list(dropped) == ["9"] and winner == "10", by_trial
-    assert dropped["9"].startswith("broke ttft_p95_ms <= 200 (measured ")
+    assert dropped == {"5": "broke ttft_p95_ms <= 200 (measured 200.7)"} and winner == "6", by_trial
     assert "dropped" not in by_trial[winner]
     text = " ".join(proc.stdout.split())
-    assert f"candidate #9 was dropped after its re-measurement: {dropped['9']}" in text
+    assert f"candidate #5 was dropped after its re-measurement: {dropped['5']}" in text
     page = (study / "report" / "report.html").read_text()
-    assert "<th>dropped: its re-measured numbers</th>" in page and html.escape(dropped["9"]) in page
+    assert "<th>dropped: its re-measured numbers</th>" in page and html.escape(dropped["5"]) in page
