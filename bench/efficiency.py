@@ -91,6 +91,14 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "bo2025": {"bo": {"LENGTH_SCALE_MIN": 0.05}},  # the default before issue 23's item 2
     "ls02": {"bo": {"LENGTH_SCALE_MIN": 0.2}},
     "ls04": {"bo": {"LENGTH_SCALE_MIN": 0.4}},
+    "lsmax05": {"bo": {"LENGTH_SCALE_MAX": 0.5}},
+    "lsmax1": {"bo": {"LENGTH_SCALE_MAX": 1.0}},
+    "lsmax2": {"bo": {"LENGTH_SCALE_MAX": 2.0}},
+    "sd15": {"bo": {"SD_SCALE": 1.5}},
+    "sd2": {"bo": {"SD_SCALE": 2.0}},
+    "sd05": {"bo": {"SD_SCALE": 0.5}},
+    "sd075": {"bo": {"SD_SCALE": 0.75}},
+    "rs6": {"bo": {"RESTARTS": 6}},
     "norefine": {"bo": {"REFINE": 0}},  # a sampled pool does not grow near the best measured
     "refine1": {"bo": {"REFINE": 1}},
     "refine4": {"bo": {"REFINE": 4}},
