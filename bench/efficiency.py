@@ -24,7 +24,10 @@ seeds 100-119 of every surface are the "report" set; each row says which.
 Per surface x mode x method: median best-so-far / optimum at 10, 20 and 30 launched trials,
 the share of seeds reaching 95% by 20 with its Wilson 95% interval, the median number of
 trials to reach 95% [quartiles]. ``random*`` is the analytic median for uniform random
-sampling over the physics-launchable configurations.
+sampling over the physics-launchable configurations. "exported 95%": the share whose exported
+winner (chosen on the end-of-study re-measurement, which the fast mode runs through the driver
+too; ``+runs``: its launches) is within 95%; method ``default_rm33`` is the default search with
+autotune's own re-measurement defaults (bench/results/exported.txt).
 
     python bench/efficiency.py --fast --first-seed 100 --seeds 20 --jobs 1     # report set
     python bench/efficiency.py --fast --tune                                   # tune set
@@ -77,6 +80,9 @@ MODES = {  # prior mode -> overrides (issue 23); {s}: the surface
 }
 METHODS = {  # name -> overrides on top of the preset (the preset leaves the defaults alone)
     "default": [],
+    # the same search; the winner re-measured as autotune's defaults do (3 candidates and the
+    # baseline, 3 runs each), where the surfaces re-run 2 candidates once to keep CLI studies short
+    "default_rm33": ["select.top_k=3", "select.rerun_repeats=3"],
     "random": ["study.sampler=random"],
     "tpe": ["study.sampler=tpe"],
     "tpe_pareto": ["study.sampler=tpe", "study.search=pareto"],
@@ -91,9 +97,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "bo2025": {"bo": {"LENGTH_SCALE_MIN": 0.05}},  # the default before issue 23's item 2
     "ls02": {"bo": {"LENGTH_SCALE_MIN": 0.2}},
     "ls04": {"bo": {"LENGTH_SCALE_MIN": 0.4}},
-    "lsmax05": {"bo": {"LENGTH_SCALE_MAX": 0.5}},
     "lsmax1": {"bo": {"LENGTH_SCALE_MAX": 1.0}},
-    "lsmax2": {"bo": {"LENGTH_SCALE_MAX": 2.0}},
     "sd15": {"bo": {"SD_SCALE": 1.5}},
     "sd2": {"bo": {"SD_SCALE": 2.0}},
     "sd05": {"bo": {"SD_SCALE": 0.5}},
@@ -124,6 +128,10 @@ class Run:
     # true value of the best config measured feasible so far, whichever measurement won: what the
     # search found, before the timing noise picks among it (empty: not scored, older results)
     found: tuple[float, ...] = ()
+    # true value / optimum of the winner the study exports, chosen on the end-of-study
+    # re-measurement (None: not scored, older results), and how many launches that re-measurement took
+    exported: float | None = None
+    remeasure_runs: int = 0
 
     @property
     def set(self) -> str:
@@ -162,8 +170,20 @@ def curves_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[tuple
     return tuple(curve), tuple(found_curve)
 
 
-def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None]:
-    """Best-so-far curve over launched trials and whether the exported winner is right."""
+def winner_scores(truth: Truth, params_of: dict[int, dict], winner: int | None,
+                   candidates: list[int]) -> tuple[bool | None, float | None]:
+    """Whether the exported ``winner`` is the true best (within 0.5%) of the re-measured
+    ``candidates`` (None: nothing re-measured), and its true value / optimum (0: no winner)."""
+    if winner is None or winner not in params_of:
+        return None, 0.0
+    exported = min(truth.credit(params_of[winner]) / truth.optimum, 1.0)
+    values = [truth.credit(params_of[n]) for n in candidates if n in params_of]
+    return (truth.credit(params_of[winner]) >= 0.995 * max(values) if values else None), exported
+
+
+def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None, float | None]:
+    """Best-so-far curve over launched trials, whether the exported winner is right and its
+    true value / optimum."""
     params_of: dict[int, dict] = {}
     trials = []
     for d in sorted((study_dir / "trials").glob("[0-9]*")):
@@ -176,12 +196,8 @@ def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None
     summary = _read(study_dir / "summary.json")
     winner = (summary.get("winner") or {}).get("number")
     by_trial = ((summary.get("remeasured") or {}).get("by_trial") or {})
-    candidates = [int(n) for n in by_trial if int(n) in params_of]
-    winner_ok = None
-    if winner is not None and candidates:
-        values = {n: truth.credit(params_of[n]) for n in candidates}
-        winner_ok = values.get(int(winner), truth.credit(params_of.get(int(winner), {}))) >= 0.995 * max(values.values())
-    return tuple(curve), winner_ok
+    return (tuple(curve), *winner_scores(truth, params_of, None if winner is None else int(winner),
+                                          [int(n) for n in by_trial]))
 
 
 def overrides(truth: Truth, method: str, mode: str, seed: int, trials: int) -> list[str]:
@@ -196,11 +212,14 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
     from fast import fast_study
 
     try:
-        done, wall = fast_study(overrides(truth, method, mode, seed, trials))
+        done, wall, winner = fast_study(overrides(truth, method, mode, seed, trials))
     except Exception as e:  # a failed study is a row with its error, not a lost bench
         return Run(truth.name, method, seed, 1, 0.0, (), None, f"{type(e).__name__}: {e}"[:200], mode, "fast")
     curve, found = curves_of(truth, [(t["params"], t["status"], t["metrics"]) for t in done])
-    return Run(truth.name, method, seed, 0, wall, curve, None, "", mode, "fast", found)
+    winner_ok, exported = winner_scores(truth, {t["number"]: t["params"] for t in done}, winner.get("number"),
+                                        winner.get("remeasured", []))
+    return Run(truth.name, method, seed, 0, wall, curve, winner_ok, "", mode, "fast", found, exported,
+               winner.get("runs", 0))
 
 
 _TRUTHS: dict[str, Truth] = {}  # filled before the fast studies' processes fork
@@ -216,7 +235,7 @@ def run_study(truth: Truth, method: str, mode: str, seed: int, trials: int, out:
     """One study through the real CLI in a subprocess."""
     study_dir = out / truth.name / mode / method / f"s{seed}"
     if (study_dir / "summary.json").exists() and (study_dir / "cli.log").exists():
-        return Run(truth.name, method, seed, 0, 0.0, *score(truth, study_dir), mode=mode)  # done before
+        return scored(truth, method, mode, seed, study_dir)  # done before
     shutil.rmtree(study_dir, ignore_errors=True)
     argv = [sys.executable, "-m", "autotune.cli", "run", "--config-dir", str(ROOT / "bench" / "surfaces"),
             f"study.name=eff_{truth.name}_{mode}_{method}_s{seed}", f"study.dir={study_dir}",
@@ -228,9 +247,15 @@ def run_study(truth: Truth, method: str, mode: str, seed: int, trials: int, out:
     wall = time.monotonic() - t0
     (study_dir).mkdir(parents=True, exist_ok=True)
     (study_dir / "cli.log").write_text(proc.stdout + "\n--- stderr ---\n" + proc.stderr)
-    curve, winner_ok = score(truth, study_dir)
     error = "" if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1][:200]
-    return Run(truth.name, method, seed, proc.returncode, wall, curve, winner_ok, error, mode)
+    return scored(truth, method, mode, seed, study_dir, proc.returncode, wall, error)
+
+
+def scored(truth: Truth, method: str, mode: str, seed: int, study_dir: Path, rc: int = 0, wall: float = 0.0,
+           error: str = "") -> Run:
+    """The :class:`Run` of a CLI study from its directory (:func:`score`)."""
+    curve, winner_ok, exported = score(truth, study_dir)
+    return Run(truth.name, method, seed, rc, wall, curve, winner_ok, error, mode, exported=exported)
 
 
 def aggregate(runs: list[Run], truth: Truth) -> dict:
@@ -251,6 +276,9 @@ def aggregate(runs: list[Run], truth: Truth) -> dict:
     row["trials95_iqr"] = _quartiles(to95)
     judged = [r.winner_ok for r in ok if r.winner_ok is not None]
     row["winner_ok"] = sum(judged) / len(judged) if judged else math.nan
+    exported = [r for r in ok if r.exported is not None]
+    row["exported95"] = sum(r.exported >= 0.95 for r in exported) / len(exported) if exported else math.nan
+    row["remeasure_runs"] = _median([r.remeasure_runs for r in exported]) if exported else math.nan
     row["launched"] = _median([len(r.curve) for r in ok])
     row["wall_s"] = _median([r.wall_s for r in runs])
     return row
@@ -281,7 +309,8 @@ def table(rows: list[dict], truths: dict[str, Truth], runs: list[Run] = ()) -> s
 
     t = Table(title="search efficiency: true value of the best measured-feasible config / true optimum")
     for col in ("surface", "set", "prior", "method", "via", "seeds", "@10", "@20", "@30",
-                "95% by 20 [Wilson 95%]", "found 95% by 20", "trials to 95% \\[quartiles]", "winner ok", "launched", "s/study"):
+                "95% by 20 [Wilson 95%]", "found 95% by 20", "trials to 95% \\[quartiles]", "winner ok",
+                "exported 95% (+runs)", "launched", "s/study"):
         t.add_column(col, justify="left" if col in ("surface", "set", "prior", "method", "via") else "right")
     for row in rows:
         lo, hi = row.get("reach95_ci", (math.nan, math.nan))
@@ -292,17 +321,25 @@ def table(rows: list[dict], truths: dict[str, Truth], runs: list[Run] = ()) -> s
                   "-" if math.isnan(row.get("found95_by20", math.nan)) else f"{row['found95_by20']:.0%}",
                   f"{_n(row['median_trials95'])} [{_n(q1)}, {_n(q3)}]",
                   "-" if math.isnan(row["winner_ok"]) else f"{row['winner_ok']:.0%}",
+                  "-" if math.isnan(row.get("exported95", math.nan)) else
+                  f"{row['exported95']:.0%} (+{row['remeasure_runs']:g})",
                   f"{row['launched']:g}", f"{row['wall_s']:.1f}" if row["wall_s"] else "-")
     for name, tr in truths.items():
         p = tr.n_launchable95 / tr.n_launchable  # refused proposals are re-asked, not counted
         t.add_row(name, "", "physics", "random*", "", "", "", "", "", f"{1 - (1 - p) ** 20:.0%}", "",
-                  f"{math.log(2) / p:.0f}", "", "", "")
-    console = Console(width=200, record=True)
+                  f"{math.log(2) / p:.0f}", "", "", "", "")
+    console = Console(width=220, record=True)
     console.print(t)
     for name, tr in truths.items():
         console.print(f"{name}: {tr.n_configs} configs, {tr.n_launchable} launchable (no rule broken, "
                       f"not predicted OOM by the physics prior), {tr.n_feasible} feasible, {tr.n_within95} "
                       f"within 95% of the optimum {tr.optimum:.4g} {tr.metric}")
+    exported = [r for r in runs if r.curve and r.exported is not None]
+    if exported:
+        console.print(f"\nthe pick at trial 20 (best measured feasible) within 95% of the optimum in "
+                      f"{sum(r.at(20) >= 0.95 for r in exported)} of {len(exported)} studies; the winner "
+                      f"exported after the end-of-study re-measurement in {sum(r.exported >= 0.95 for r in exported)} "
+                      f"(median +{_median([r.remeasure_runs for r in exported]):g} launches)", soft_wrap=True)
     lines = paired(list(runs))
     if lines:
         console.print("\nside by side on the same seeds: studies where the default reached 95% by trial 20 and "
@@ -445,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.monotonic()
     if args.rescore:
-        runs = [Run(t.name, m, seed, 0, 0.0, *score(t, out / t.name / mode / m / f"s{seed}"), mode=mode)
+        runs = [scored(t, m, mode, seed, out / t.name / mode / m / f"s{seed}")
                 for t, m, mode, seed in jobs if (out / t.name / mode / m / f"s{seed}" / "summary.json").exists()]
     else:
         # CLI studies are subprocesses already; fast ones share Hydra's global state, so each

@@ -233,7 +233,27 @@ def test_fast_mode_runs_the_real_driver_loop_in_process():
     assert run.rc == 0 and run.via == "fast" and run.set == "report" and len(run.curve) == 5
     again = efficiency.run_fast(truth, "default", "misleading", 100, 5)
     assert again.curve == run.curve  # seeded: the same study twice
+    assert (again.exported, again.winner_ok) == (run.exported, run.winner_ok)
     assert efficiency.Run("exl2_70b", "random", 3, 0, 0.0, (), None).set == "tune"
+
+
+def test_fast_mode_exports_the_winner_the_driver_picks_on_its_re_measurement():
+    """After the search the fast mode runs the driver's own end-of-study re-measurement: the
+    surface's 2 candidates and the baseline once each (3 launches), autotune's defaults 3 and
+    the baseline 3 times each (12); the exported winner is scored by its true value."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    truth = load("llamacpp_noisy")
+    surface = efficiency.run_fast(truth, "default", "physics", 101, 8)
+    product = efficiency.run_fast(truth, "default_rm33", "physics", 101, 8)
+    assert surface.curve == product.curve  # the same search: only the end differs
+    assert (surface.remeasure_runs, product.remeasure_runs) == (3, 12)
+    for run in (surface, product):
+        assert 0.0 < run.exported <= 1.0 and run.winner_ok is not None
+    row = efficiency.aggregate([surface, product], truth)
+    assert row["exported95"] == sum(r.exported >= 0.95 for r in (surface, product)) / 2
+    assert row["remeasure_runs"] == 7.5
 
 
 def test_found_curve_credits_what_was_measured_when_noise_picks_a_worse_one():

@@ -352,22 +352,31 @@ class Driver:
         key = config_key(first.params)
         return next((r for r in recs if r.kind == studylib.LAUNCHED and config_key(r.params) == key), None)
 
+    def candidates(self, recs: list[Record]) -> tuple[list[Record], list[Record]]:
+        """The records the winner is chosen among, and the measured-feasible Pareto front. The
+        winner is the best feasible by the selection rule: any measured trial for ``max`` in
+        single mode, the Pareto front otherwise (knee/weighted are front notions)."""
+        measured = [r for r in recs if r.kind == studylib.LAUNCHED]
+        front = pareto_front(measured, [o.metric for o in self.cfg.objectives])
+        single_max = self.cfg.study.search == "single" and self.cfg.select.rule == "max"
+        return ([r for r in measured if r.feasible] if single_max else front), front
+
+    def choose_winner(self, recs: list[Record]) -> Verdict:
+        """The winner among :meth:`candidates`, re-measured side by side with the baseline."""
+        return choose_winner(self.cfg, self.launcher, self.report, self.candidates(recs)[0], self._baseline(recs))
+
     def finish(self, study: optuna.Study, interrupted: bool, elapsed: float) -> StudySummary:
         cfg = self.cfg
         sel = cfg.select
         recs = studylib.records(study)
         measured = [r for r in recs if r.kind == studylib.LAUNCHED]
         objectives = [o.metric for o in cfg.objectives]
-        front = pareto_front(measured, objectives)
-        # the winner is the best feasible by the selection rule: any measured trial for
-        # `max` in single mode, the Pareto front otherwise (knee/weighted are front notions)
-        single_max = cfg.study.search == "single" and sel.rule == "max"
-        candidates = [r for r in measured if r.feasible] if single_max else front
+        candidates, front = self.candidates(recs)
         baseline = self._baseline(recs)
         verdict = Verdict()
         try:
             if not interrupted:
-                verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline)
+                verdict = self.choose_winner(recs)
         except KeyboardInterrupt as e:  # a stop during the re-measurement: export the search's winner
             interrupted, self.stopped = True, e
             self.report.warn(f"interrupted ({stop.name(e)}) while re-measuring: exporting the search's winner")

@@ -8,8 +8,10 @@ bench/surfaces conf=SURFACE ...`` (``autotune.cli.main.prepare``), builds the re
 (``Driver._loop``: rules, the precheck, duplicates, refusals) on an in-memory Optuna study.
 Only the placement differs: :class:`SimPlacement` renders the trial's argv as the command
 engine would (``CommandEngine.build_argv``) and evaluates ``sim.py``'s model in-process on
-that argv, with the same seeded noise. Not done: the end-of-study re-measurement and the
-exports (the efficiency bench scores the search's best-so-far curve, not the export).
+that argv, with the same seeded noise. After the loop the driver's own end-of-study
+re-measurement picks the winner (``Driver.choose_winner``: the ``select.top_k`` candidates
+and the baseline re-run side by side, the CLI's run numbers and so its noise). Not done: the
+exports and the summary.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class SimPlacement:
     def __init__(self) -> None:
         self._ids = itertools.count()
         self._done: dict[int, Any] = {}
+        self.runs = 0  # configurations evaluated (trials and re-measurements)
 
     def default_slots(self) -> int:
         return 1
@@ -45,6 +48,7 @@ class SimPlacement:
         from autotune.engines.command import CommandEngine
         from autotune.trial.spec import TrialResult
 
+        self.runs += 1
         argv = CommandEngine.build_argv(spec.params, spec.settings, spec.variants,
                                         CommandEngine._builtins(spec.workdir, {}))
         surface, params, workdir, noise, noise_seed = sim.parse([str(a) for a in argv[2:]])
@@ -82,9 +86,10 @@ class Quiet:
         return lambda *args, **kwargs: None
 
 
-def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict], float]:
+def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict], float, dict]:
     """Run one study in-process; ([{number, params, status, metrics}] of the launched trials
-    in launch order, seconds)."""
+    in launch order, seconds, the winner: {number, params, remeasured: [trial numbers re-run],
+    runs: re-measurement launches}, empty when nothing was feasible)."""
     import optuna
 
     from autotune.cli.main import prepare
@@ -105,8 +110,13 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
         study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
         studylib.enqueue_initial(study, space, baseline, list(st.enqueue), driver.design(baseline))
         driver._loop(study, time.monotonic())
-        launched = sorted((r for r in studylib.records(study) if r.kind == studylib.LAUNCHED),
-                          key=lambda r: r.number)
+        recs = studylib.records(study)
+        searched = driver.launcher.placement.runs
+        verdict = driver.choose_winner(recs)
+        launched = sorted((r for r in recs if r.kind == studylib.LAUNCHED), key=lambda r: r.number)
     trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics}
               for r in launched]
-    return trials, time.monotonic() - t0
+    winner = {} if verdict.winner is None else {
+        "number": verdict.winner.number, "params": verdict.winner.params,
+        "remeasured": sorted(int(n) for n in (verdict.remeasured or {}).get("by_trial", {})), "runs": driver.launcher.placement.runs - searched}
+    return trials, time.monotonic() - t0, winner
