@@ -171,7 +171,7 @@ def curves_of(truth: Truth, trials: list[tuple[dict, str, dict]]) -> tuple[tuple
 
 
 def winner_scores(truth: Truth, params_of: dict[int, dict], winner: int | None,
-                   candidates: list[int]) -> tuple[bool | None, float | None]:
+                   candidates: list[int]) -> tuple[bool | None, float]:
     """Whether the exported ``winner`` is the true best (within 0.5%) of the re-measured
     ``candidates`` (None: nothing re-measured), and its true value / optimum (0: no winner)."""
     if winner is None or winner not in params_of:
@@ -181,7 +181,7 @@ def winner_scores(truth: Truth, params_of: dict[int, dict], winner: int | None,
     return (truth.credit(params_of[winner]) >= 0.995 * max(values) if values else None), exported
 
 
-def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None, float | None]:
+def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None, float]:
     """Best-so-far curve over launched trials, whether the exported winner is right and its
     true value / optimum."""
     params_of: dict[int, dict] = {}

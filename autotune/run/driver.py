@@ -362,7 +362,8 @@ class Driver:
         return ([r for r in measured if r.feasible] if single_max else front), front
 
     def choose_winner(self, recs: list[Record]) -> Verdict:
-        """The winner among :meth:`candidates`, re-measured side by side with the baseline."""
+        """The winner among :meth:`candidates`, re-measured side by side with the baseline (what
+        :meth:`finish` does, for a caller without the rest of it: bench/surfaces/fast.py)."""
         return choose_winner(self.cfg, self.launcher, self.report, self.candidates(recs)[0], self._baseline(recs))
 
     def finish(self, study: optuna.Study, interrupted: bool, elapsed: float) -> StudySummary:
@@ -376,7 +377,7 @@ class Driver:
         verdict = Verdict()
         try:
             if not interrupted:
-                verdict = self.choose_winner(recs)
+                verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline)
         except KeyboardInterrupt as e:  # a stop during the re-measurement: export the search's winner
             interrupted, self.stopped = True, e
             self.report.warn(f"interrupted ({stop.name(e)}) while re-measuring: exporting the search's winner")
