@@ -134,6 +134,10 @@ class SimPlacement:
     def cancel(self, ref: int) -> None:
         self.flight.pop(ref, None)
 
+    def stop_all(self, refs: list) -> None:
+        for ref in refs:
+            self.cancel(ref)
+
     def run_now(self, spec: Any, res: Any) -> TrialResult:
         raise RuntimeError("slots bench: no re-measurement (select.top_k=0) and no quality reference")
 

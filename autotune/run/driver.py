@@ -338,8 +338,8 @@ class Driver:
             self.tracker.log_trial(*self._unlogged.pop(0))
 
     def _abort_pending(self, study: optuna.Study) -> None:
-        for ref, p in list(self.pending.items()):
-            self.placement.cancel(ref)
+        self.placement.stop_all(list(self.pending))
+        for p in self.pending.values():
             studylib.tell_fail(study, p.trial, p.params, studylib.INTERRUPTED, "interrupted")
         self.pending = {}
 
@@ -380,6 +380,7 @@ class Driver:
                 verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline)
         except KeyboardInterrupt as e:  # a stop during the re-measurement: export the search's winner
             interrupted, self.stopped = True, e
+            self.placement.stop_all([])  # the re-measurement's trial in flight, on our own Ray
             self.report.warn(f"interrupted ({stop.name(e)}) while re-measuring: exporting the search's winner")
         ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
         winner = verdict.winner or (ranked[0] if ranked else None)

@@ -116,6 +116,20 @@ class Placement:
         except Exception:  # noqa: BLE001 - already finished or gone
             pass
 
+    def stop_all(self, refs: list) -> None:
+        """Stop every trial in flight at once (a study's stop). A Ray this placement started is
+        shut down: that ends its workers, and each trial's guard then kills the trial's process
+        group (autotune.trial.guard), a reference measurement's too. No task is cancelled
+        through Ray there: ray 2.60's cancel can race a task's completion reply and abort the
+        driver on an internal check ("Tried to complete task that was not pending",
+        ray-project/ray#54798), as a soak's Ctrl-C did. A Ray someone else started keeps
+        running; ``refs`` are cancelled on it."""
+        if not self.owns_ray:
+            for ref in refs:
+                self.cancel(ref)
+            return
+        self.shutdown()  # our stop handlers stay: a second stop still exports
+
     def run_now(self, spec: TrialSpec, res: Resources) -> TrialResult:
         """Run one trial and wait for it (reference measurement, re-measurement)."""
         ref = self.submit(spec, res)

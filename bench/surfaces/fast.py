@@ -75,6 +75,10 @@ class SimPlacement:
     def cancel(self, ref: int) -> None:
         self._done.pop(ref, None)
 
+    def stop_all(self, refs: list) -> None:
+        for ref in refs:
+            self.cancel(ref)
+
     def shutdown(self) -> None:
         self._done.clear()
 

@@ -67,8 +67,10 @@ def _stop_head(temp_dir: str) -> None:
             return
 
 
-def test_join_a_running_head_by_address(tmp_path):
-    """``ray start --head`` on 127.0.0.1, then a fake study with ray.address=127.0.0.1:PORT."""
+@pytest.fixture
+def head():
+    """``ray start --head`` on 127.0.0.1 (4 CPUs, 2 fake GPUs); yields (port, its temp dir) and
+    stops its processes by pid afterwards."""
     import ray
 
     if ray.is_initialized():
@@ -84,20 +86,58 @@ def test_join_a_running_head_by_address(tmp_path):
         started = subprocess.run(argv, capture_output=True, text=True, timeout=120,
                                  env={**os.environ, "RAY_AUTH_MODE": HEAD_AUTH_MODE})
         assert started.returncode == 0, started.stdout + started.stderr
-        cfg, space = fake_config(tmp_path, ["study.n_trials=3", f"ray.address=127.0.0.1:{port}",
-                                            "ray.num_gpus=null", "ray.num_cpus=null"])
-        summary, log = run_study(cfg, space)  # Placement joins, then disconnects
-        assert not ray.is_initialized()
-        finished, recs = study_records(cfg)
-        assert finished == 3 and all(r.status == "ok" for r in recs.values()), log
-        events = trial_events(cfg)
-        head_raylets = {ev["start"]["raylet_pid"] for ev in events.values()}
-        assert len(head_raylets) == 1 and int(head_raylets.pop()) in _pids_under(temp_dir)
-        assert all(ev["start"]["cuda_visible_devices"] for ev in events.values())
+        yield port, temp_dir
     finally:
+        if ray.is_initialized():
+            ray.shutdown()
         _stop_head(temp_dir)
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert _pids_under(temp_dir) == []
+
+
+def test_join_a_running_head_by_address(head, tmp_path):
+    """A fake study with ray.address=127.0.0.1:PORT runs its trials on that head."""
+    import ray
+
+    port, temp_dir = head
+    cfg, space = fake_config(tmp_path, ["study.n_trials=3", f"ray.address=127.0.0.1:{port}",
+                                        "ray.num_gpus=null", "ray.num_cpus=null"])
+    summary, log = run_study(cfg, space)  # Placement joins, then disconnects
+    assert not ray.is_initialized()
+    finished, recs = study_records(cfg)
+    assert finished == 3 and all(r.status == "ok" for r in recs.values()), log
+    events = trial_events(cfg)
+    head_raylets = {ev["start"]["raylet_pid"] for ev in events.values()}
+    assert len(head_raylets) == 1 and int(head_raylets.pop()) in _pids_under(temp_dir)
+    assert all(ev["start"]["cuda_visible_devices"] for ev in events.values())
+
+
+def test_a_stop_ends_the_trials_on_a_joined_head_and_leaves_the_head_up(head, tmp_path):
+    """A study's stop on a cluster it joined (Placement.stop_all): the driver disconnects,
+    Ray ends the job's workers on the head, each trial's guard kills its process group; the
+    head itself keeps running (it is not the study's to stop)."""
+    import ray
+
+    from autotune.engines.fake import FakeEngine
+    from autotune.run.launcher import Launcher
+    from autotune.run.placement import Placement
+
+    port, temp_dir = head
+    cfg, _ = fake_config(tmp_path, [f"ray.address=127.0.0.1:{port}", "ray.num_gpus=null", "ray.num_cpus=null"])
+    placement = Placement(cfg.ray)
+    launcher = Launcher(cfg, FakeEngine, placement)
+    refs = [launcher.submit(i, {"duration_s": 60.0, "x": i / 10}) for i in range(2)]
+    deadline = time.monotonic() + 120
+    while len(events := trial_events(cfg)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(events) == 2, events
+    head_pids = _pids_under(temp_dir)
+    placement.stop_all(refs)
+    assert not ray.is_initialized()
+    assert wait_gone([ev["start"]["pid"] for ev in events.values()], timeout_s=30) == [], \
+        "a trial outlived its study's stop on the cluster"
+    raylet = int(next(iter(events.values()))["start"]["raylet_pid"])
+    assert raylet in head_pids and process_alive(raylet), "the head went down with the study"
 
 
 @pytest.fixture(scope="module")
