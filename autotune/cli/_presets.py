@@ -122,8 +122,9 @@ def variants_block(out: Lines, ms: ModelSet, settings: list[tuple[str, object, s
 def model_knob(out: Lines, ms: ModelSet) -> int:
     if len(ms.variants) < 2:
         return 0
-    out.key(2, "model", {"type": "categorical", "choices": [v.name for v in ms.variants]},
-            f"the {len(ms.variants)} quants of {ms.best.title} given")
+    by_size = sorted(ms.variants, key=lambda v: v.size_gb)
+    out.key(2, "model", {"type": "categorical", "choices": [v.name for v in by_size], "ordered": True},
+            f"the {len(ms.variants)} quants of {ms.best.title} given, smallest first")
     return 1
 
 
@@ -171,8 +172,9 @@ def llamacpp_space(out: Lines, ms: ModelSet, box: Box, shape: dict) -> tuple[int
     out.key(2, "flash_attn", {"type": "bool"}, "needed by a quantized V cache")
     kv_types = ["f16", "q8_0", "q4_0"]
     where = "CUDA flash attention runs fast (matched pairs: rule)" if gpu else "the CPU build runs"
-    out.key(2, "type_k", {"type": "categorical", "choices": kv_types}, f"KV types {where}")
-    out.key(2, "type_v", {"type": "categorical", "choices": kv_types}, "quantized V needs flash_attn (rule)")
+    out.key(2, "type_k", {"type": "categorical", "choices": kv_types, "ordered": True}, f"KV types {where}")
+    out.key(2, "type_v", {"type": "categorical", "choices": kv_types, "ordered": True},
+            "quantized V needs flash_attn (rule)")
     n += 8
     if gpu:
         choices, why = ngl_choices(m, box, kv_at(ctxs[-1]))
@@ -280,7 +282,7 @@ def exllamav2_preset(ms: ModelSet, box: Box, name: str, config_dir: str, predict
     body = Lines()
     body.add("space:")
     n = model_knob(body, ms)
-    body.key(2, "cache_mode", {"type": "categorical", "choices": ["FP16", "Q8", "Q6", "Q4"]},
+    body.key(2, "cache_mode", {"type": "categorical", "choices": ["FP16", "Q8", "Q6", "Q4"], "ordered": True},
              "ExLlamaV2's cache modes: Q8-Q4 free VRAM for context at little quality")
     splits, why = gpu_splits(ms, box, predict)
     if len(splits) > 1:
@@ -345,8 +347,10 @@ def llama_server_preset(ms: ModelSet, box: Box, name: str, config_dir: str) -> s
              "auto is the default; a quantized V cache needs on or auto (the engine refuses off)")
     body.key(2, "cont_batching", {"type": "bool"}, "on by default: new requests join running slots")
     kv = ["f16", "q8_0", "q4_0"]
-    body.key(2, "cache_type_k", {"type": "categorical", "choices": kv}, "KV cache types: memory for slots")
-    body.key(2, "cache_type_v", {"type": "categorical", "choices": kv}, "quantized V needs flash_attn")
+    body.key(2, "cache_type_k", {"type": "categorical", "choices": kv, "ordered": True},
+             "KV cache types: memory for slots")
+    body.key(2, "cache_type_v", {"type": "categorical", "choices": kv, "ordered": True},
+             "quantized V needs flash_attn")
     n += 7
     if gpu:
         per_layer = m.size_gb / (m.n_layers + 1)

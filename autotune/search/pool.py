@@ -2,10 +2,10 @@
 
 Every configuration of the space (a random sample of a continuous or huge one) that passes
 the rules, the engine's check and its pre-launch fit prediction. Features: a numeric value
-(or a two-way choice) by its position on the parameter's scale, other choices one-hot, a
-conditional parameter's activity as its own column. A sampled pool grows: the trials
-measured outside it join it, and :meth:`Pool.grow` adds configurations near the best
-measured ones (:mod:`autotune.search.refine`).
+(a two-way choice, or choices the space declares ``ordered``) by its position on the
+parameter's scale, other choices one-hot, a conditional parameter's activity as its own
+column. A sampled pool grows: the trials measured outside it join it, and :meth:`Pool.grow`
+adds configurations near the best measured ones (:mod:`autotune.search.refine`).
 """
 
 from __future__ import annotations
@@ -85,9 +85,10 @@ class Pool:
 
 
 def _ordered(p: Param) -> bool:
-    """Whether ``p``'s values have an order the model may use (numbers, or two choices)."""
+    """Whether ``p``'s values have an order the model may use (numbers, two choices, or
+    choices the space declares ``ordered``)."""
     vals = p.values()
-    if vals is None or not isinstance(p.dist, CategoricalDistribution) or len(vals) <= 2:
+    if p.ordered or vals is None or not isinstance(p.dist, CategoricalDistribution) or len(vals) <= 2:
         return True
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
 

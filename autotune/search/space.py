@@ -42,7 +42,7 @@ PARAM_TYPES = ("int", "float", "categorical", "bool", "fixed")
 _KEYS = {
     "int": {"type", "low", "high", "step", "log", "when"},
     "float": {"type", "low", "high", "step", "log", "when"},
-    "categorical": {"type", "choices", "when"},
+    "categorical": {"type", "choices", "ordered", "when"},
     "bool": {"type", "when"},
     "fixed": {"type", "value", "when"},
 }
@@ -76,6 +76,7 @@ class Param:
     dist: BaseDistribution | None
     value: Any = None
     when: Expr | None = None
+    ordered: bool = False  # a categorical whose choices are listed in an order the model may use
 
     def active(self, values: dict[str, Any]) -> bool:
         return self.when is None or self.when.holds(values)
@@ -289,7 +290,10 @@ def compile_param(name: str, spec: Any, knob: Knob, path: str, known: list[str],
                     raise unknown_name(f"{path}.choices[{i}]", c, variants, "model variant")
             else:
                 _check_knob(f"{path}.choices[{i}]", knob, c)
-        return Param(name, kind, CategoricalDistribution(enc), when=when)
+        ordered = spec.get("ordered", False)
+        if not isinstance(ordered, bool):
+            raise ConfigError(f"{path}.ordered", ordered, "expected true or false")
+        return Param(name, kind, CategoricalDistribution(enc), when=when, ordered=ordered)
     if "value" not in spec:
         raise ConfigError(f"{path}.value", None, "a fixed parameter needs value")
     value = spec["value"]

@@ -75,7 +75,8 @@ def test_init_on_the_shipped_model_passes_dry_run(tmp_path, gemma_path) -> None:
 def test_init_on_gguf_variants_writes_a_preset_that_runs_a_2_trial_study(tmp_path, gemma_path, q4_0_path) -> None:
     _init(tmp_path, str(gemma_path), str(q4_0_path), "--out", "conf", "--name", "gemma_box")
     preset = yaml.safe_load((tmp_path / "conf" / "gemma_box.yaml").read_text())
-    assert preset["space"]["model"]["choices"] == ["q4_k_m", "q4_0"]
+    assert preset["space"]["model"] == {"type": "categorical", "choices": ["q4_0", "q4_k_m"],
+                                        "ordered": True}  # smallest file first: the model sees one scale
     assert preset["quality"]["reference"]["model"] == "q4_k_m"  # the best quant present
     assert preset["engine"]["settings"]["default_variant"] == "q4_k_m"  # the first file given
     assert preset["space"]["n_ctx"]["choices"][0] == 512
@@ -105,8 +106,8 @@ def test_init_on_exl2_dirs_writes_a_hydra_cluster_like_preset(tmp_path) -> None:
     preset = yaml.safe_load((tmp_path / "conf" / "hydra.yaml").read_text())
     assert "exllamav2" in str(preset["defaults"])
     space = preset["space"]
-    assert space["model"]["choices"] == ["4.5bpw", "4.0bpw"]
-    assert space["cache_mode"]["choices"] == ["FP16", "Q8", "Q6", "Q4"]
+    assert space["model"]["choices"] == ["4.0bpw", "4.5bpw"] and space["model"]["ordered"]
+    assert space["cache_mode"]["choices"] == ["FP16", "Q8", "Q6", "Q4"] and space["cache_mode"]["ordered"]
     assert space["gpu_split"]["choices"][:2] == ["auto", "tp"] and len(space["gpu_split"]["choices"]) > 2
     assert space["draft_model"]["choices"] == ["none", "draft_4.0bpw"]
     assert space["num_draft_tokens"]["when"] == "draft_model != 'none'"

@@ -96,6 +96,17 @@ def test_features_order_numbers_one_hot_names_and_mark_inactive_knobs():
     assert X[1].tolist() == [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
 
 
+def test_choices_declared_ordered_are_one_position_not_one_hot():
+    cfg = _config()
+    cfg.raw["space"]["mode"]["ordered"] = True
+    space = compile_space(load_config(cfg.raw))
+    assert space.params["mode"].ordered and not space.params["a"].ordered
+    X = featurize(space, [{"a": 0, "mode": m, "flag": False} for m in ("x", "y", "z")])
+    # a, mode (position in the listed order), flag, k, k active
+    assert X.shape == (3, 5)
+    assert X[:, 1].tolist() == [0.0, 0.5, 1.0]
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_finds_the_constrained_optimum_in_a_fraction_of_the_space(seed):
     cfg = _config()

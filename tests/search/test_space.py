@@ -118,6 +118,7 @@ BAD_PARAMS = [
     ({"type": "categorical", "choices": [1, "1"]}, INT, "space.x.choices", "distinct"),
     ({"type": "categorical", "choices": [30, 22]}, LIST, "space.x.choices[0]", "a list"),
     ({"type": "categorical", "choices": [1], "low": 0}, INT, "space.x.low", "unknown key"),
+    ({"type": "categorical", "choices": [1, 2], "ordered": "yes"}, INT, "space.x.ordered", "true or false"),
     ({"type": "fixed"}, INT, "space.x.value", "needs value"),
     ({"type": "flaot", "low": 0}, INT, "space.x.type", "Did you mean: float?"),
     ({"low": 0, "high": 3}, INT, "space.x.type", "got None; unknown parameter type"),
