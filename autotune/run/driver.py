@@ -138,8 +138,12 @@ class Driver:
         return (not self.cfg.study.precheck or pred.fits is not False), pred.decode_tps_upper
 
     def pool(self) -> Pool:
-        """The launchable configurations (rules, engine check, fit prediction) for ``bo``."""
-        return build_pool(self.space, self._screen, self.cfg.study.seed)
+        """The launchable configurations (rules, engine check, fit prediction) for ``bo``. A
+        Pareto search keeps declared ``ordered`` choices one-hot: its second objective (TTFT,
+        VRAM) need not follow the order speed does, and on bench/pareto.py's tune seeds the
+        ordered scale lost there (cpu_7b 3 -> 1 of 10; bench/results/robust.txt)."""
+        return build_pool(self.space, self._screen, self.cfg.study.seed,
+                          ordered=self.cfg.study.search != "pareto")
 
     @functools.cached_property
     def speed_prior(self) -> bool:

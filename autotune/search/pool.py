@@ -50,6 +50,7 @@ class Pool:
     index: dict[str, int] = field(default_factory=dict)
     tried: set[str] = field(default_factory=set)  # keys offered to grow(), kept or not
     max_size: int = MAX_SIZE  # grow() adds no neighbours past this many rows
+    ordered: bool = True  # choices declared ``ordered`` are one position (False: one-hot, as any choice)
 
     def __post_init__(self) -> None:
         self.index = {k: i for i, k in enumerate(self.keys)}
@@ -78,28 +79,29 @@ class Pool:
             self.index[config_key(c)] = len(self.keys)
             self.keys.append(config_key(c))
             self.params.append(c)
-        self.X = np.vstack([self.X, featurize(self.space, new)])
+        self.X = np.vstack([self.X, featurize(self.space, new, self.ordered)])
         if self.log_bound is not None:
             self.log_bound = np.concatenate([self.log_bound, np.log(np.array(bounds, dtype=float))])
         return len(new)
 
 
-def _ordered(p: Param) -> bool:
-    """Whether ``p``'s values have an order the model may use (numbers, two choices, or
-    choices the space declares ``ordered``)."""
+def _ordered(p: Param, declared: bool = True) -> bool:
+    """Whether ``p``'s values have an order the model may use (numbers, two choices, or, when
+    ``declared``, choices the space declares ``ordered``)."""
     vals = p.values()
-    if p.ordered or vals is None or not isinstance(p.dist, CategoricalDistribution) or len(vals) <= 2:
+    if (declared and p.ordered) or vals is None or not isinstance(p.dist, CategoricalDistribution) or len(vals) <= 2:
         return True
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
 
 
-def featurize(space: Space, configs: list[dict[str, Any]]) -> np.ndarray:
-    """One row of features per configuration (see the module docstring)."""
+def featurize(space: Space, configs: list[dict[str, Any]], ordered: bool = True) -> np.ndarray:
+    """One row of features per configuration (see the module docstring); ``ordered``: whether
+    choices the space declares ``ordered`` are one position (else one-hot)."""
     cols: list[list[float]] = []
     for p in space.params.values():
         if p.dist is None:
             continue
-        if _ordered(p):
+        if _ordered(p, ordered):
             cols.append([to_unit(p, c[p.name]) if p.name in c else 0.0 for c in configs])
         else:
             for v in p.values():
@@ -110,9 +112,10 @@ def featurize(space: Space, configs: list[dict[str, Any]]) -> np.ndarray:
 
 
 def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
-               seed: int | None = None, limit: int = POOL_LIMIT) -> Pool:
+               seed: int | None = None, limit: int = POOL_LIMIT, ordered: bool = True) -> Pool:
     """Every launchable configuration: no rule broken, the engine's check passed and
-    ``screen(params)`` -> (may run, predicted decode bound or None) saying it may run."""
+    ``screen(params)`` -> (may run, predicted decode bound or None) saying it may run.
+    ``ordered``: see :func:`featurize` (a Pareto search passes False)."""
     seen: set[str] = set()
     params, bounds = [], []
     for c in space.configurations(limit=limit, seed=seed or 0):
@@ -128,6 +131,6 @@ def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, floa
             bounds.append(bound)
     known = ranks_by_speed(bounds)
     sampled = space.size() > limit  # a sample of the space: it grows near the best measured
-    return Pool(params, [config_key(c) for c in params], featurize(space, params),
+    return Pool(params, [config_key(c) for c in params], featurize(space, params, ordered),
                 np.log(np.array(bounds, dtype=float)) if known else None,
-                space if sampled else None, screen if sampled else None)
+                space if sampled else None, screen if sampled else None, ordered=ordered)

@@ -105,6 +105,10 @@ def test_choices_declared_ordered_are_one_position_not_one_hot():
     # a, mode (position in the listed order), flag, k, k active
     assert X.shape == (3, 5)
     assert X[:, 1].tolist() == [0.0, 0.5, 1.0]
+    # a Pareto search's pool keeps them one-hot (autotune.run.driver.Driver.pool)
+    assert featurize(space, [{"a": 0, "mode": "y", "flag": False}], ordered=False)[0, 1:4].tolist() == [0.0, 1.0, 0.0]
+    pool = build_pool(space, lambda _p: (True, None), ordered=False)
+    assert pool.X.shape[1] == 7 and not pool.ordered
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
