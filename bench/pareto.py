@@ -176,7 +176,8 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
         return pred.fits is not False, pred.decode_tps_upper
 
     sampler = make_sampler(st.sampler, seed, space, trials, n_startup, st.search,
-                           pool=lambda: build_pool(space, screen, seed), constraints=cfg.constraints,
+                           pool=lambda: build_pool(space, screen, seed, ordered=st.search != "pareto"),  # as Driver.pool
+                           constraints=cfg.constraints,
                            objectives=studylib.told_names(cfg))
     s = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
     baseline = baseline_params(space, cfg.engine.variants)

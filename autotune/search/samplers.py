@@ -102,8 +102,10 @@ def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
         from autotune.search.bo import PoolSampler
         from autotune.search.pool import build_pool
 
-        return PoolSampler(space, pool or (lambda: build_pool(space, lambda _p: (True, None), seed)),
-                           list(constraints), seed, n_startup=startup, objectives=objectives)
+        def default() -> Pool:  # a Pareto search keeps ordered choices one-hot (Driver.pool)
+            return build_pool(space, lambda _p: (True, None), seed, ordered=search != "pareto")
+
+        return PoolSampler(space, pool or default, list(constraints), seed, n_startup=startup, objectives=objectives)
     if name == "tpe":
         return optuna.samplers.TPESampler(
             seed=seed, multivariate=True, group=True, constant_liar=True,
