@@ -152,6 +152,7 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
     from autotune.search.design import default_n_startup
     from autotune.search.design import startup_design
     from autotune.search.pool import build_pool
+    from autotune.search.pool import uses_order
     from autotune.search.samplers import make_sampler
     from autotune.search.samplers import resolve
     from autotune.search.samplers import uses_design
@@ -176,7 +177,7 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
         return pred.fits is not False, pred.decode_tps_upper
 
     sampler = make_sampler(st.sampler, seed, space, trials, n_startup, st.search,
-                           pool=lambda: build_pool(space, screen, seed, ordered=st.search != "pareto"),  # as Driver.pool
+                           pool=lambda: build_pool(space, screen, seed, ordered=uses_order(st.search)),
                            constraints=cfg.constraints,
                            objectives=studylib.told_names(cfg))
     s = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)

@@ -51,6 +51,7 @@ from autotune.search.design import has_speed_prior
 from autotune.search.design import startup_design
 from autotune.search.pool import Pool
 from autotune.search.pool import build_pool
+from autotune.search.pool import uses_order
 from autotune.search.samplers import make_sampler
 from autotune.search.samplers import resolve
 from autotune.search.samplers import uses_design
@@ -138,12 +139,9 @@ class Driver:
         return (not self.cfg.study.precheck or pred.fits is not False), pred.decode_tps_upper
 
     def pool(self) -> Pool:
-        """The launchable configurations (rules, engine check, fit prediction) for ``bo``. A
-        Pareto search keeps declared ``ordered`` choices one-hot: its second objective (TTFT,
-        VRAM) need not follow the order speed does, and on bench/pareto.py's tune seeds the
-        ordered scale lost there (cpu_7b 3 -> 1 of 10; bench/results/robust.txt)."""
+        """The launchable configurations (rules, engine check, fit prediction) for ``bo``."""
         return build_pool(self.space, self._screen, self.cfg.study.seed,
-                          ordered=self.cfg.study.search != "pareto")
+                          ordered=uses_order(self.cfg.study.search))
 
     @functools.cached_property
     def speed_prior(self) -> bool:

@@ -94,6 +94,13 @@ def _ordered(p: Param, declared: bool = True) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals)
 
 
+def uses_order(search: str) -> bool:
+    """Whether a study's pool puts choices declared ``ordered`` on one scale: not in a Pareto
+    search, whose second objective (TTFT, VRAM) need not follow the order speed does (on
+    bench/pareto.py's tune seeds the ordered scale lost there: bench/results/robust.txt)."""
+    return search != "pareto"
+
+
 def featurize(space: Space, configs: list[dict[str, Any]], ordered: bool = True) -> np.ndarray:
     """One row of features per configuration (see the module docstring); ``ordered``: whether
     choices the space declares ``ordered`` are one position (else one-hot)."""

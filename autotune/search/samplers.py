@@ -101,9 +101,10 @@ def make_sampler(name: str, seed: int | None, space: Space, n_trials: int,
     if name == "bo":
         from autotune.search.bo import PoolSampler
         from autotune.search.pool import build_pool
+        from autotune.search.pool import uses_order
 
-        def default() -> Pool:  # a Pareto search keeps ordered choices one-hot (Driver.pool)
-            return build_pool(space, lambda _p: (True, None), seed, ordered=search != "pareto")
+        def default() -> Pool:
+            return build_pool(space, lambda _p: (True, None), seed, ordered=uses_order(search))
 
         return PoolSampler(space, pool or default, list(constraints), seed, n_startup=startup, objectives=objectives)
     if name == "tpe":
