@@ -131,8 +131,8 @@ def _torch_cuda(timeout_s: float = 90.0) -> tuple[str, str | None, bool] | str:
 
 
 def check_exllama() -> list[Check]:
-    from autotune.engines.exllamav2.ext import EXT_NAME
-    from autotune.engines.exllamav2.ext import extensions_root
+    from autotune.engines.cuda_ext import EXLLAMAV2
+    from autotune.engines.cuda_ext import EXLLAMAV3
 
     eng = ("exllamav2",)
     torch_engines = tuple(e for e in ("exllamav2", "exllamav3") if e in ENGINES)
@@ -141,8 +141,7 @@ def check_exllama() -> list[Check]:
         out = [Check("ExLlamaV2", "fail", "not installed", "pip install 'autotune[gpu]'", eng)]
     else:
         out = [Check("ExLlamaV2", "ok", f"exllamav2 {v2}", "", eng)]
-        built = importlib.util.find_spec(EXT_NAME) is not None or any(
-            extensions_root().glob(f"*/{EXT_NAME}/{EXT_NAME}*.so"))
+        built = EXLLAMAV2.is_built()
         out.append(Check("ExLlamaV2 extension", "ok" if built else "warn",
                          "built" if built else "not built: compiled (nvcc + ninja, minutes) before "
                          "the first trial", "" if built else f"{sys.executable} -c 'import exllamav2.ext'", eng))
@@ -155,6 +154,11 @@ def check_exllama() -> list[Check]:
     v3_eng = ("exllamav3",) if "exllamav3" in ENGINES else ()
     out.append(Check("ExLlamaV3", "ok" if v3 else "fail", f"exllamav3 {v3}" if v3 else "not installed",
                      "" if v3 else "pip install exllamav3", v3_eng))
+    if v3:
+        built = EXLLAMAV3.is_built()
+        out.append(Check("ExLlamaV3 kernels", "ok" if built else "warn",
+                         "built" if built else "not built: compiled (nvcc + ninja, over 5 minutes) before "
+                         "the first trial", "" if built else f"{sys.executable} -c 'import exllamav3.ext'", v3_eng))
     if version_of("torch") is None:
         out.append(Check("torch CUDA", "fail", "torch is not installed", "pip install torch", torch_engines))
         return out

@@ -1,7 +1,7 @@
 """The GPU check's ``ext`` and ``models`` stages: extension builds, tiny models, conversions.
 
-``ext`` builds exllamav2's CUDA extension (:func:`autotune.engines.exllamav2.ext.build_extension`)
-and exllamav3's kernels (compiled on its first import) into ``TORCH_EXTENSIONS_DIR``, which
+``ext`` builds exllamav2's CUDA extension and exllamav3's kernels
+(:func:`autotune.engines.cuda_ext.build_extension`) into ``TORCH_EXTENSIONS_DIR``, which
 the check points into its state folder so the next command on the machine reuses them; ninja
 resumes a build a killed command left half done. ``models`` makes the target and the draft
 (:mod:`autotune.tools.make_tiny_llama`) and converts them with each library's own converter:
@@ -21,7 +21,9 @@ import sys
 from pathlib import Path
 
 from autotune._files import write_atomic
-from autotune.engines.exllamav2.ext import build_extension
+from autotune.engines.cuda_ext import EXLLAMAV2
+from autotune.engines.cuda_ext import EXLLAMAV3
+from autotune.engines.cuda_ext import build_extension
 from autotune.tools.gpu_stages import Deadline
 from autotune.tools.gpu_stages import is_done
 from autotune.tools.gpu_stages import load_json
@@ -99,13 +101,11 @@ def build_gguf(src: Path, dst: Path, converter: Path, work: Path, timeout_s: flo
 def stage_ext(env: dict, work: Path, deadline: Deadline) -> dict[str, str]:
     """Build the CUDA extensions here; returns engine -> '' (ready) or the reason."""
     out: dict[str, str] = {}
-    if env.get("exllamav2"):
-        missing = build_extension(deadline.timeout(1800))
-        out["exllamav2"] = missing[0] if missing else ""
-    if env.get("exllamav3") and not deadline.expired():
-        out["exllamav3"] = run_step([sys.executable, "-c", "import exllamav3"], deadline.timeout(1800),
-                                    work / "ext-exllamav3.log")
-    write_atomic(work / "ext.json", json.dumps(out))
+    for ext in (EXLLAMAV2, EXLLAMAV3):
+        if env.get(ext.package) and not deadline.expired():
+            missing = build_extension(ext, deadline.timeout(1800))  # says how long it took
+            out[ext.package] = missing[0] if missing else ""
+    write_atomic(work / "ext.json", json.dumps({**load_json(work / "ext.json", {}), **out}))
     print("extensions:", json.dumps(out), flush=True)
     return out
 

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from autotune.engines.cuda_ext import EXLLAMAV2
+from autotune.engines.cuda_ext import EXLLAMAV3
+from autotune.engines.cuda_ext import build_extension
+from autotune.engines.cuda_ext import stale_locks
 from autotune.engines.exllamav2.engine import ExLlamaV2Engine
 from autotune.engines.exllamav2.engine import generation_from_results
-from autotune.engines.exllamav2.ext import build_extension
-from autotune.engines.exllamav2.ext import stale_locks
 from autotune.engines.exllamav2.plan import choose_paged
 from autotune.engines.exllamav2.plan import clamp_chunk
 from autotune.engines.exllamav2.plan import failure_reason
@@ -194,20 +196,27 @@ def test_stale_build_lock_is_found_only_when_old_and_idle(tmp_path: Path) -> Non
     lock = tmp_path / "py311_cu130" / "exllamav2_ext" / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
-    assert stale_locks(tmp_path, min_age_s=60, busy=lambda d: False) == []  # fresh: a build may be starting
+    other = tmp_path / "py311_cu130" / "exllamav3_ext" / "lock"
+    other.parent.mkdir(parents=True)
+    other.touch()
+    name = EXLLAMAV2.name
+    assert stale_locks(tmp_path, name, min_age_s=60, busy=lambda d: False) == []  # fresh: a build may be starting
     old = time.time() - 3600
     os.utime(lock, (old, old))
-    assert stale_locks(tmp_path, min_age_s=60, busy=lambda d: True) == []  # ninja runs there
-    assert stale_locks(tmp_path, min_age_s=60, busy=lambda d: False) == [lock]
+    os.utime(other, (old, old))
+    assert stale_locks(tmp_path, name, min_age_s=60, busy=lambda d: True) == []  # ninja runs there
+    assert stale_locks(tmp_path, name, min_age_s=60, busy=lambda d: False) == [lock]
+    assert stale_locks(tmp_path, EXLLAMAV3.name, min_age_s=60, busy=lambda d: False) == [other]
 
 
-def test_extension_preflight_says_what_is_missing() -> None:
+@pytest.mark.parametrize("ext", [EXLLAMAV2, EXLLAMAV3], ids=lambda e: e.package)
+def test_extension_preflight_says_what_is_missing(ext) -> None:
     try:
-        import exllamav2  # noqa: F401
+        __import__(ext.package)
     except ImportError:
-        assert build_extension(5, say=lambda m: None)[0].startswith("exllamav2 is not installed")
+        assert build_extension(ext, 5, say=lambda m: None)[0].startswith(f"{ext.package} is not installed")
     else:
-        pytest.skip("exllamav2 is installed here: the real build is checked on a GPU machine")
+        pytest.skip(f"{ext.package} is installed here: the real build is checked on a GPU machine")
 
 
 def test_tabby_export_pins_rope_alpha_to_what_was_measured() -> None:

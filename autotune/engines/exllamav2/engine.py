@@ -9,7 +9,7 @@ Timing comes from the arrival of the dynamic generator's streamed results (one p
 the results gives the decode rate. The generator runs paged (batched; needs flash-attn >= 2.5.7)
 or, as TabbyAPI without flash-attn, non-paged with batch size 1 (knob ``paged``; auto by
 default; ``info.generator_mode`` says which ran). The CUDA extension is built in the
-pre-flight (:mod:`autotune.engines.exllamav2.ext`). See docs/gpu.md. ``layer_skip_threshold`` is seed
+pre-flight (:mod:`autotune.engines.cuda_ext`). See docs/gpu.md. ``layer_skip_threshold`` is seed
 001's method: layers of the middle half whose output hidden state has a cosine similarity
 above the threshold with their input are removed from ``model.modules`` (§1.4).
 
@@ -30,7 +30,8 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
-from autotune.engines.exllamav2.ext import build_extension
+from autotune.engines.cuda_ext import EXLLAMAV2
+from autotune.engines.cuda_ext import build_extension
 from autotune.engines.exllamav2.plan import CACHE_CLASSES  # noqa: F401
 from autotune.engines.exllamav2.plan import CACHE_MODES  # noqa: F401
 from autotune.engines.exllamav2.plan import MAX_Q_SIZE  # noqa: F401
@@ -181,7 +182,7 @@ class ExLlamaV2Engine(Engine):
         missing = super().preflight(settings)
         if missing or not build or not settings.get("build_extension", True):
             return missing
-        return build_extension(float(settings.get("extension_build_timeout_s", 1800)))
+        return build_extension(EXLLAMAV2, float(settings.get("extension_build_timeout_s", 1800)))
 
     def _load(self, path: Path, plan: dict, cache_class_name: str, draft: bool = False):
         import exllamav2 as ex

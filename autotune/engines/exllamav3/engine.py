@@ -11,7 +11,8 @@ of exllamav3's ``Generator`` driven by the same one-thread pump as ExLlamaV2
 
 exllamav3 and torch are imported only in :meth:`ExLlamaV3Engine.start`; everything the
 driver calls is pure and runs on CPU. No flash-attn is needed (exllamav3 has its own
-attention kernels, built on first import).
+attention kernels): they compile on first import, for minutes (over 5 on an H200 with 16
+cores), so the pre-flight builds them before any trial (:mod:`autotune.engines.cuda_ext`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.cuda_ext import EXLLAMAV3
+from autotune.engines.cuda_ext import build_extension
 from autotune.engines.exllamav2.engine import generation_from_results
 from autotune.engines.exllamav2.plan import gpus_of
 from autotune.engines.exllamav2.plan import job_args
@@ -79,6 +82,8 @@ class ExLlamaV3Settings(EngineSettings):
     num_cpus: float = 1.0  # Ray CPUs per trial
     request_timeout_s: float = 600.0  # one request's wait for its results
     export_port: int | None = None  # the port written into tabbyapi.yml
+    build_extension: bool = True  # build the CUDA kernels in the pre-flight
+    extension_build_timeout_s: float = 1800.0
 
 
 def exl3_defaults(settings: dict, variants: dict) -> dict[str, Any]:
@@ -163,6 +168,14 @@ class ExLlamaV3Engine(Engine):
                         workload: dict | None = None) -> str:
         plan = load_plan(cls.full_params(params, settings, variants), settings)
         return f"exllamav3 in-process: load {plan['load']}, cache {plan['cache']}, generator {plan['generator']}"
+
+    @classmethod
+    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
+        """The planned GPUs, then exllamav3's CUDA kernels, built here, outside any trial."""
+        missing = super().preflight(settings)
+        if missing or not build or not settings.get("build_extension", True):
+            return missing
+        return build_extension(EXLLAMAV3, float(settings.get("extension_build_timeout_s", 1800)))
 
     # ---- worker side (needs CUDA + exllamav3) ----------------------------------------------
     def _load(self, ex3, path: Path, load: dict, cache_kw: dict):
