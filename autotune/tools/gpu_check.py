@@ -4,7 +4,7 @@ Usage (on a machine with CUDA, nvcc, torch, transformers, safetensors; no networ
 
     python -m autotune.tools.gpu_check --stage STAGE [STAGE ...] [--out DIR] [--work DIR]
         [--bpw 4.0 6.0] [--gguf-converter PATH/convert_hf_to_gguf.py] [--max-tokens 64]
-        [--timeout 240] [--budget-s 540]
+        [--timeout 240] [--budget-s 540] [--total-s SECONDS] [--engines exllamav2 exllamav3 llamacpp]
 
 The stages (:mod:`autotune.tools.gpu_stages`; ``all``, the default, runs them in one go):
 ``env``, ``ext`` (CUDA extension builds), ``models`` (a small random Llama and a smaller
@@ -52,6 +52,8 @@ from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 
+# engine -> its import name in the environment (env.json)
+ENGINES = {"exllamav2": "exllamav2", "llamacpp": "llama_cpp", "exllamav3": "exllamav3"}
 COLUMNS = ("case", "engine", "status", "decode tok/s", "TTFT p50 ms", "VRAM GiB", "accept", "reason")
 
 
@@ -83,8 +85,10 @@ class Row:
 def exl2_cases(bpws: list[float], vram_gib: float) -> list[Case]:
     """exllamav2 cases: each bpw at baseline, then the knobs on the first bpw.
 
-    Cache FP16/Q8/Q4, draft off/on with K 2 and 4, layer skipping on, autosplit and a manual
-    split, paged auto/on/off, and a batch of 4 concurrent requests.
+    Cache FP16/Q8/Q4, draft off/on with K 2 and 4, the model as its own draft (greedy: the
+    acceptance must be about 1, which checks how it is counted; the small random draft's is
+    about 0), layer skipping on, autosplit and a manual split, paged auto/on/off, and a batch
+    of 4 concurrent requests.
     """
     base = {"max_seq_len": 2048, "cache_mode": "FP16", "gpu_split": "auto", "chunk_size": 512}
     first = f"t{bpws[0]:g}"
@@ -93,6 +97,7 @@ def exl2_cases(bpws: list[float], vram_gib: float) -> list[Case]:
         ("cache Q8", {"cache_mode": "Q8"}), ("cache Q4", {"cache_mode": "Q4"}),
         ("draft K2", {"draft_model": "d", "num_draft_tokens": 2}),
         ("draft K4", {"draft_model": "d", "num_draft_tokens": 4}),
+        ("draft self K4", {"draft_model": first, "num_draft_tokens": 4}),
         ("layer skip 0.5", {"layer_skip_threshold": 0.5}),
         ("manual split", {"gpu_split": f"{max(min(vram_gib - 1.0, 8.0), 1.0):g}"}),
         ("paged on", {"paged": True}), ("non-paged", {"paged": False}),
@@ -165,12 +170,14 @@ def environment() -> dict:
 
 
 def exl3_cases() -> list[Case]:
-    """exllamav3 (the engine at autotune/engines/exllamav3): FP16 / 4,4-bit cache, draft K4, batch x4."""
+    """exllamav3 (the engine at autotune/engines/exllamav3): FP16 / 4,4-bit cache, draft K4 (the
+    small draft, the model itself), batch x4."""
     base = {"model": "e4", "max_seq_len": 2048, "cache_mode": "FP16", "chunk_size": 512}
     return [
         Case("exl3 4bpw base", "exllamav3", base),
         Case("exl3 4bpw cache 4,4", "exllamav3", {**base, "cache_mode": "4,4"}),
         Case("exl3 4bpw draft K4", "exllamav3", {**base, "draft_model": "ed", "draft_num_tokens": 4}),
+        Case("exl3 4bpw draft self K4", "exllamav3", {**base, "draft_model": "e4", "draft_num_tokens": 4}),
         Case("exl3 4bpw batch x4", "exllamav3", base, concurrency=4),
     ]
 
@@ -193,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=240.0, help="per trial, seconds")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="per stage: start nothing after it")
+    ap.add_argument("--total-s", type=float, help="for all the stages of this command together")
+    ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES),
+                    help="build, convert and run only these (the others' rows say skipped)")
     args = ap.parse_args(argv)
     try:
         stages = select_stages(args.stage)
@@ -205,35 +215,37 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(work / "torch_extensions"))
     log = RowLog(work / "rows.jsonl", out / "rows.jsonl")
     failed = False
+    total = Deadline(args.total_s if args.total_s is not None else float("inf"))
     for stage in stages:
-        deadline = Deadline(args.budget_s)
+        deadline = Deadline(min(args.budget_s, total.left()))
         print(f"== stage {stage} (budget {args.budget_s:g} s)", flush=True)
         if stage == "env" or not (work / "env.json").exists():
             write_atomic(work / "env.json", json.dumps(environment()))
         env = load_json(work / "env.json", {})
         print("environment:", json.dumps(env), flush=True)
         write_atomic(out / "environment.json", json.dumps(env))
-        skip = engine_skips(env)
+        skip = engine_skips(env, args.engines)
+        chosen = {**env, **{ENGINES[e]: False for e in ENGINES if e not in args.engines}}
         variants = load_json(work / "variants.json", {})
         if stage == "ext":
-            stage_ext(env, work, deadline)
-        elif stage == "models" and not all(e in skip for e in ("exllamav2", "llamacpp", "exllamav3")):
-            stage_models(work, args.bpw, args.gguf_converter, env, deadline)
+            stage_ext(chosen, work, deadline)
+        elif stage == "models" and not all(e in skip for e in ENGINES):
+            stage_models(work, args.bpw, args.gguf_converter, chosen, deadline)
         elif stage in ROW_STAGES:
             cases = stage_cases(stage, args.bpw, float(env.get("vram_gib", 80.0)))
 
-            def run_one(case: Case, timeout_s: float, variants=variants, skip=skip,
-                        i=len(log.read())) -> tuple[Row, dict]:
-                return run_case(case, variants, work, args.max_tokens, timeout_s, skip, i)
+            def run_one(case: Case, timeout_s: float, variants=variants, skip=skip) -> tuple[Row, dict]:
+                # each trial its own folder (trial.log, result.json), numbered by the rows so far
+                return run_case(case, variants, work, args.max_tokens, timeout_s, skip, len(log.read()))
 
             run_rows(cases, run_one, log, deadline, args.timeout)
         failed |= _write_table(log, env, out)
     return 1 if failed else 0
 
 
-def engine_skips(env: dict) -> dict[str, str]:
-    """Engines whose rows cannot run here, with the reason."""
-    engines = ("exllamav2", "llamacpp", "exllamav3")
+def engine_skips(env: dict, chosen: list[str] | None = None) -> dict[str, str]:
+    """Engines whose rows cannot (or are not to) run here, with the reason."""
+    engines = tuple(ENGINES)
     if not env.get("cuda"):
         return {e: "no CUDA GPU (torch.cuda.is_available() is False)" for e in engines}
     if not env.get("transformers"):
@@ -249,6 +261,9 @@ def engine_skips(env: dict) -> dict[str, str]:
         skip["llamacpp"] = "llama-cpp-python is not installed (docs/gpu.md: build it with CUDA)"
     elif not env.get("llama_cpp_cuda"):
         skip["llamacpp"] = "llama-cpp-python has no GPU backend (CMAKE_ARGS=-DGGML_CUDA=on)"
+    for e in engines:
+        if chosen is not None and e not in chosen:
+            skip.setdefault(e, "left out of this command (--engines)")
     return skip
 
 

@@ -176,3 +176,23 @@ def test_the_models_stage_makes_only_what_is_missing(tmp_path: Path) -> None:
     assert variants["t4"] == {"path": str(tmp_path / "exl2-t4"), "bpw": 4.0} and "d" in variants
     assert "t6" not in variants  # still to make: the next run of the stage does it
     assert json.loads((tmp_path / "variants.json").read_text())["t4"]["bpw"] == 4.0
+
+
+def test_engines_left_out_of_a_command_say_so() -> None:
+    from autotune.tools.gpu_check import engine_skips
+
+    env = {"cuda": True, "transformers": True, "exllamav2": True, "exllamav3": True, "llama_cpp": True,
+           "llama_cpp_cuda": True}
+    assert engine_skips(env) == {}
+    assert engine_skips(env, ["exllamav2"]) == {"llamacpp": "left out of this command (--engines)",
+                                                "exllamav3": "left out of this command (--engines)"}
+    no_v3 = engine_skips({**env, "exllamav3": False}, ["exllamav2"])  # the real reason comes first
+    assert no_v3["exllamav3"].startswith("exllamav3 is not installed")
+
+
+def test_the_total_budget_spans_the_stages_of_a_command(tmp_path: Path) -> None:
+    out, work = tmp_path / "out", tmp_path / "work"
+    assert main(["--stage", "env", "exl2-a", "--total-s", "0", "--out", str(out), "--work", str(work)]) == 0
+    assert (work / "env.json").exists() and _lines(out / "rows.jsonl") == []  # no row started past it
+    assert main(["--stage", "exl2-a", "--total-s", "600", "--out", str(out), "--work", str(work)]) == 0
+    assert len(_lines(out / "rows.jsonl")) == len(stage_cases("exl2-a", [4.0, 6.0], 80.0))
