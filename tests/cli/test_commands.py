@@ -29,8 +29,11 @@ from tests.helpers.cli import run_cli_here
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-# report.enabled=false: `autotune report` below writes (and checks) the report of each study
-FAKE = ["conf=fake_gpus", "ray.num_cpus=4", "select.top_k=1", "report.enabled=false"]
+# report.enabled=false: `autotune report` below writes (and checks) the report of each study. The
+# preset's 25 ms TTFT bound (the fake sleeps ~5-25 ms for real) is loosened: on a loaded box every
+# trial can break it, leaving no winner, and these tests are about the verbs, not the bound.
+FAKE = ["conf=fake_gpus", "ray.num_cpus=4", "select.top_k=1", "report.enabled=false",
+        "constraints=['ttft_p95_ms <= 1000']"]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -114,6 +114,7 @@ def test_a_real_pareto_study_runs_end_to_end(cli, tmp_path, sampler, shown):
     done = cli("run", "conf=fake_gpus", "study.search=pareto", "study.n_trials=8", "study.n_startup=4",
                f"study.sampler={sampler}", "space.duration_s.value=0.0", "ray.max_concurrent=1",
                "ray.num_cpus=2", "select.top_k=0", "report.enabled=false", "tracking.enabled=false",
+               "constraints=['ttft_p95_ms <= 1000']",  # a loaded box must not leave the front empty
                *study_overrides(tmp_path, "par"), timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert shown in done.stdout
