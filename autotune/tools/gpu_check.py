@@ -14,7 +14,8 @@ library's own converter: :mod:`autotune.tools.gpu_prepare`), the row groups ``ex
 :func:`autotune.trial.runner.run_trial`, over :func:`exl2_cases`, :func:`llamacpp_cases`,
 :func:`exl3_cases`), and ``table``. Each is one command of under 10 minutes on a lent GPU
 machine; each row is appended to ``rows.jsonl`` under ``--out`` (default ``$OUT``, else
-``bench/results/gpu``) and the state folder the moment it finishes, and ``gpu_check.md`` /
+``bench/gpu/out``, git-ignored: the committed table in ``bench/results/gpu`` is replaced only
+by hand) and the state folder the moment it finishes, and ``gpu_check.md`` /
 ``gpu_check.json`` are rewritten after every stage. Rows that cannot run (no CUDA, a library
 or a model missing) say ``skipped`` and why. See docs/gpu.md for the command sequence.
 """
@@ -193,7 +194,8 @@ def stage_cases(stage: str, bpws: list[float], vram_gib: float) -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", nargs="*", default=["all"], help=f"all or some of: {' '.join(STAGES)}")
-    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "results" / "gpu"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "gpu" / "out"),
+                    help="where rows and the table go (default $OUT, else bench/gpu/out)")
     ap.add_argument("--work", help="state folder kept between stages (default bench/gpu/.work)")
     ap.add_argument("--bpw", type=float, nargs=2, default=[4.0, 6.0])
     ap.add_argument("--gguf-converter", help="llama.cpp's convert_hf_to_gguf.py (optional)")

@@ -16,7 +16,7 @@
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-OUTDIR="${OUT:-$ROOT/bench/results/gpu}"
+OUTDIR="${OUT:-$ROOT/bench/gpu/out}"
 WORK="$ROOT/bench/gpu/.work"
 TOTAL="${TOTAL_S:-560}"
 FIRST="${FIRST:-exllamav3}"

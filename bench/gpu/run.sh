@@ -3,7 +3,7 @@
 # network (docs/gpu.md gives the sequence): installs the carried wheels (bench/gpu/wheels/, see
 # fetch_wheels.sh; a few seconds, so every stage does it: a fresh machine may have come up), then runs
 # `python -m autotune.tools.gpu_check --stage STAGE...` from this checkout. Rows go to $OUT (or
-# bench/results/gpu) as each finishes; state (models, extensions, rows) stays in the
+# bench/gpu/out, git-ignored) as each finishes; state (models, extensions, rows) stays in the
 # git-ignored bench/gpu/.work/ for the next command on the same machine.
 # Usage: bash bench/gpu/run.sh STAGE [STAGE...] [-- gpu_check args...]
 #   stages: env ext models exl2-a exl2-b llamacpp exl3 table (or all: every stage, > 10 minutes)
@@ -24,4 +24,4 @@ fi
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$ROOT/bench/gpu/.work/torch_extensions}"
 exec "$PY" -m autotune.tools.gpu_check --stage "${stages[@]}" \
-  --out "${OUT:-$ROOT/bench/results/gpu}" "$@"
+  --out "${OUT:-$ROOT/bench/gpu/out}" "$@"
