@@ -29,6 +29,8 @@ from typing import Any
 from typing import ClassVar
 
 from autotune._sections import build_section
+from autotune.engines.cuda_ext import JitExtension
+from autotune.engines.cuda_ext import build_extension
 from autotune.engines.predict import Prediction
 from autotune.engines.variants import validate_variants
 from autotune.errors import ConfigError
@@ -160,6 +162,7 @@ class Engine:
     quality_hint: ClassVar[str] = ""  # added to the error when quality is on but unsupported
     max_concurrency: ClassVar[int | None] = None  # requests served at once (None: no limit)
     context_knob: ClassVar[str | None] = None  # the knob setting the context in tokens (n_ctx...)
+    cuda_kernels: ClassVar[JitExtension | None] = None  # built in the pre-flight (autotune.engines.cuda_ext)
 
     # ---- driver side: pure -------------------------------------------------------
     @classmethod
@@ -209,7 +212,16 @@ class Engine:
         """What this machine lacks to run the engine (e.g. the GPUs in ``settings.gpus``).
 
         With ``build`` (a real run), what the engine builds once is built now, before any trial
-        (a CUDA extension, a server binary); a dry run only looks (``build=False``)."""
+        (its ``cuda_kernels``, unless ``settings.build_extension`` is false; a server binary);
+        a dry run only looks (``build=False``)."""
+        missing = cls._gpus_missing(settings)
+        if missing or cls.cuda_kernels is None or not build or not settings.get("build_extension", True):
+            return missing
+        return build_extension(cls.cuda_kernels, float(settings.get("extension_build_timeout_s", 1800)))
+
+    @staticmethod
+    def _gpus_missing(settings: dict) -> list[str]:
+        """The GPUs of ``settings.gpus`` this machine lacks or has too small."""
         wanted = settings.get("gpus") or []
         if not wanted:
             return []

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from autotune.trial.runner import kill_group
 
 
 @dataclass(frozen=True)
@@ -101,12 +102,12 @@ def build_extension(ext: JitExtension, timeout_s: float = 1800.0, python: str | 
     try:
         stdout, stderr = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        end_group(proc)
         for lock in extensions_root().glob(f"*/{ext.name}/lock"):  # the build we killed held it
             lock.unlink(missing_ok=True)
         return [f"{pkg}'s CUDA extension did not build within {timeout_s:g} s "
                 "(engine.settings.extension_build_timeout_s); a new build resumes it"]
-    _kill_group(proc)
+    end_group(proc)
     if proc.returncode != 0:
         tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
         return [f"{pkg}'s CUDA extension does not build or load: {tail}"]
@@ -114,10 +115,7 @@ def build_extension(ext: JitExtension, timeout_s: float = 1800.0, python: str | 
     return []
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the build's process group (nvcc, ninja) and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def end_group(proc: subprocess.Popen) -> None:
+    """End a child's whole process group at once (nvcc, ninja: no grace to give) and reap it."""
+    kill_group(proc.pid, grace_s=0)
     proc.communicate()

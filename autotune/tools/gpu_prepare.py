@@ -14,8 +14,6 @@ re-run makes only what is missing. A failure is kept as ``variants["_why"][engin
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +22,7 @@ from autotune._files import write_atomic
 from autotune.engines.cuda_ext import EXLLAMAV2
 from autotune.engines.cuda_ext import EXLLAMAV3
 from autotune.engines.cuda_ext import build_extension
+from autotune.engines.cuda_ext import end_group
 from autotune.tools.gpu_stages import Deadline
 from autotune.tools.gpu_stages import is_done
 from autotune.tools.gpu_stages import load_json
@@ -50,15 +49,6 @@ def make_models(work: Path) -> dict[str, Path]:
     return out
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the step's whole process group (nvcc and ninja included), then reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def run_step(argv: list[str], timeout_s: float, log: Path) -> str:
     """Run a step in its own process group; '' if it worked, else the reason."""
     with open(log, "w") as f:
@@ -69,7 +59,7 @@ def run_step(argv: list[str], timeout_s: float, log: Path) -> str:
         except subprocess.TimeoutExpired:
             return f"timed out after {timeout_s:g} s ({log}); run the stage again to go on"
         finally:
-            kill_group(proc)
+            end_group(proc)
     if code:
         return " | ".join(log.read_text(errors="replace").strip().splitlines()[-2:])[:300]
     return ""

@@ -31,7 +31,6 @@ from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.cuda_ext import EXLLAMAV2
-from autotune.engines.cuda_ext import build_extension
 from autotune.engines.exllamav2.plan import CACHE_CLASSES  # noqa: F401
 from autotune.engines.exllamav2.plan import CACHE_MODES  # noqa: F401
 from autotune.engines.exllamav2.plan import MAX_Q_SIZE  # noqa: F401
@@ -90,6 +89,7 @@ class ExLlamaV2Engine(Engine):
     name = "exllamav2"
     predictor = "autotune.engines.exllamav2.predict:predict_exllamav2"
     context_knob = "max_seq_len"
+    cuda_kernels = EXLLAMAV2  # built in the pre-flight, outside any trial
     settings_schema = ExLlamaV2Settings
     knobs = {
         "model": Knob("str", doc="EXL2 variant (engine.variants: path + bpw)"),
@@ -176,14 +176,6 @@ class ExLlamaV2Engine(Engine):
         return check_tabby_files(files)
 
     # ---- worker side (needs CUDA + exllamav2) ----------------------------------------------
-    @classmethod
-    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
-        """The planned GPUs, then exllamav2's CUDA extension, built here, outside any trial."""
-        missing = super().preflight(settings)
-        if missing or not build or not settings.get("build_extension", True):
-            return missing
-        return build_extension(EXLLAMAV2, float(settings.get("extension_build_timeout_s", 1800)))
-
     def _load(self, path: Path, plan: dict, cache_class_name: str, draft: bool = False):
         import exllamav2 as ex
 

@@ -28,7 +28,6 @@ from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.cuda_ext import EXLLAMAV3
-from autotune.engines.cuda_ext import build_extension
 from autotune.engines.exllamav2.engine import generation_from_results
 from autotune.engines.exllamav2.plan import gpus_of
 from autotune.engines.exllamav2.plan import job_args
@@ -104,6 +103,7 @@ class ExLlamaV3Engine(Engine):
     name = "exllamav3"
     predictor = "autotune.engines.exllamav3.predict:predict_exllamav3"
     context_knob = "max_seq_len"
+    cuda_kernels = EXLLAMAV3  # built in the pre-flight, outside any trial
     settings_schema = ExLlamaV3Settings
     supports_quality = False  # logprobs are not wired up for exllamav3 yet
     quality_hint = "the exllamav3 engine does not expose logits yet"
@@ -168,14 +168,6 @@ class ExLlamaV3Engine(Engine):
                         workload: dict | None = None) -> str:
         plan = load_plan(cls.full_params(params, settings, variants), settings)
         return f"exllamav3 in-process: load {plan['load']}, cache {plan['cache']}, generator {plan['generator']}"
-
-    @classmethod
-    def preflight(cls, settings: dict, build: bool = True) -> list[str]:
-        """The planned GPUs, then exllamav3's CUDA kernels, built here, outside any trial."""
-        missing = super().preflight(settings)
-        if missing or not build or not settings.get("build_extension", True):
-            return missing
-        return build_extension(EXLLAMAV3, float(settings.get("extension_build_timeout_s", 1800)))
 
     # ---- worker side (needs CUDA + exllamav3) ----------------------------------------------
     def _load(self, ex3, path: Path, load: dict, cache_kw: dict):
