@@ -18,10 +18,14 @@ import sys
 from dataclasses import asdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autotune.engines.base import ENGINES
 from autotune.hardware import cpu_count
 from autotune.hardware import list_gpus
+
+if TYPE_CHECKING:
+    from autotune.engines.cuda_ext import JitExtension
 
 VERDICTS = ("ok", "warn", "fail", "skip")
 ALL = tuple(ENGINES)
@@ -130,6 +134,14 @@ def _torch_cuda(timeout_s: float = 90.0) -> tuple[str, str | None, bool] | str:
     return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _kernels_check(label: str, ext: JitExtension, how_long: str, engines: tuple[str, ...]) -> Check:
+    """Whether a library's JIT CUDA kernels are built (the pre-flight builds them otherwise)."""
+    if ext.is_built():
+        return Check(label, "ok", "built", "", engines)
+    return Check(label, "warn", f"not built: compiled (nvcc + ninja, {how_long}) before the first trial",
+                 f"{sys.executable} -c 'import {ext.module}'", engines)
+
+
 def check_exllama() -> list[Check]:
     from autotune.engines.cuda_ext import EXLLAMAV2
     from autotune.engines.cuda_ext import EXLLAMAV3
@@ -141,10 +153,7 @@ def check_exllama() -> list[Check]:
         out = [Check("ExLlamaV2", "fail", "not installed", "pip install 'autotune[gpu]'", eng)]
     else:
         out = [Check("ExLlamaV2", "ok", f"exllamav2 {v2}", "", eng)]
-        built = EXLLAMAV2.is_built()
-        out.append(Check("ExLlamaV2 extension", "ok" if built else "warn",
-                         "built" if built else "not built: compiled (nvcc + ninja, minutes) before "
-                         "the first trial", "" if built else f"{sys.executable} -c 'import exllamav2.ext'", eng))
+        out.append(_kernels_check("ExLlamaV2 extension", EXLLAMAV2, "minutes", eng))
     fa = version_of("flash-attn") or version_of("flash_attn")
     out.append(Check("flash-attn", "ok" if fa else "warn",
                      f"flash-attn {fa} (paged generator)" if fa else "absent: ExLlamaV2 runs unpaged "
@@ -155,10 +164,7 @@ def check_exllama() -> list[Check]:
     out.append(Check("ExLlamaV3", "ok" if v3 else "fail", f"exllamav3 {v3}" if v3 else "not installed",
                      "" if v3 else "pip install exllamav3", v3_eng))
     if v3:
-        built = EXLLAMAV3.is_built()
-        out.append(Check("ExLlamaV3 kernels", "ok" if built else "warn",
-                         "built" if built else "not built: compiled (nvcc + ninja, over 5 minutes) before "
-                         "the first trial", "" if built else f"{sys.executable} -c 'import exllamav3.ext'", v3_eng))
+        out.append(_kernels_check("ExLlamaV3 kernels", EXLLAMAV3, "over 5 minutes", v3_eng))
     if version_of("torch") is None:
         out.append(Check("torch CUDA", "fail", "torch is not installed", "pip install torch", torch_engines))
         return out
