@@ -26,7 +26,7 @@ Per surface and method over seeds: median hypervolume share at 10, 20 and 30 lau
 trials, the share of seeds at >= 90% by trial 20 with its Wilson 95% interval, and the median
 share at 20 [quartiles].
 
-    python bench/pareto.py                               # 4 surfaces x 4 methods, seeds 100-119
+    python bench/pareto.py                               # 6 surfaces x every method, seeds 100-119
     python bench/pareto.py --smoke                       # seconds: one surface, a few trials
     python bench/pareto.py --surfaces cpu_7b --methods default,tpe --first-seed 0 --seeds 10
 """
@@ -63,6 +63,8 @@ PAIRS = {  # surface -> the objective traded against decode_tps (the richest tru
     "streamer_70b": "ppl_delta_pct",  # 4
     "llamacpp_7b": "vram_peak_gb",  # 20
     "cpu_7b": "ttft_p95_ms",  # 2
+    "vllm_h100": "ttft_p95_ms",  # 62 (throughput against latency along the memory ridge)
+    "llamacpp_noisy": "vram_peak_gb",  # 16 (llamacpp_7b's front under 10% noise and a crash region)
 }
 METHODS = {"default": "auto", "bo": "bo", "gp": "gp", "tpe": "tpe", "nsga2": "nsga2", "random": "random"}
 CHECKPOINTS = (10, 20, 30)
@@ -290,13 +292,16 @@ def summarise(scored: list[dict]) -> tuple[list[dict], dict]:
     return rows, hits
 
 
-def rescore(path: Path) -> int:
-    """Print the table of a results .json (its stored curves) again, with the side-by-side counts."""
-    saved = json.loads(path.read_text())
-    rows, hits = summarise(saved["curves"])
-    names = list(dict.fromkeys(r["surface"] for r in saved["curves"]))
-    print(table(rows, {n: surface(n) for n in names}, hits), end="")
-    print(f"\n{len(saved['curves'])} studies rescored from {path} ({saved['command']})")
+def rescore(paths: list[Path]) -> int:
+    """Print the table of results .json files (their stored curves, pooled) again, with the
+    side-by-side counts."""
+    saved = [json.loads(p.read_text()) for p in paths]
+    curves = [c for s in saved for c in s["curves"]]
+    rows, hits = summarise(curves)
+    names = list(dict.fromkeys(r["surface"] for r in curves))
+    table(rows, {n: surface(n) for n in names}, hits)  # the console prints it
+    print(f"\n{len(curves)} studies rescored from {', '.join(map(str, paths))} "
+          f"({'; '.join(s['command'] for s in saved)})")
     return 0
 
 
@@ -319,14 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast-part", type=float, default=None,
                     help="exploring: the design's share from the fastest-predicted third (default: "
                          "design.FAST_PART of the sampler, 1.0 for gp and tpe)")
-    ap.add_argument("--rescore", metavar="JSON", default=None,
-                    help="no runs: print the table of a results .json again (with today's table code)")
+    ap.add_argument("--rescore", metavar="JSON", nargs="+", default=None,
+                    help="no runs: print the table of results .json files again, their studies pooled (with today's table code)")
     ap.add_argument("--smoke", action="store_true",
                     help="seconds: streamer_70b, default/tpe/random, 1 seed, 10 trials; writes nothing")
     args = ap.parse_args(argv)
     cmd = "python bench/pareto.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.rescore:
-        return rescore(Path(args.rescore))
+        return rescore([Path(p) for p in args.rescore])
     if args.smoke:
         args.surfaces, args.methods, args.seeds, args.trials = "streamer_70b", "default,tpe,random", 1, 10
     names = [s for s in args.surfaces.split(",") if s]

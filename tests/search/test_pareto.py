@@ -150,17 +150,21 @@ def test_the_pareto_bench_smoke_run_scores_every_method(tmp_path):
 
 
 def test_the_pareto_bench_rescores_its_stored_curves(tmp_path):
-    """--rescore prints the table of a results .json again, with the side-by-side counts, and
-    writes nothing."""
+    """--rescore prints the table of results .json files again, their studies pooled, once,
+    with the side-by-side counts, and writes nothing."""
     stored = json.loads((ROOT / "bench" / "results" / "pareto.json").read_text())
     runs = [r for r in stored["curves"] if r["surface"] == "streamer_70b" and r["seed"] in (100, 101)]
-    (tmp_path / "p.json").write_text(json.dumps({"command": "x", "curves": runs}))
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pareto.py"), "--rescore", str(tmp_path / "p.json")],
+    for seed in (100, 101):
+        (tmp_path / f"p{seed}.json").write_text(json.dumps(
+            {"command": f"x{seed}", "curves": [r for r in runs if r["seed"] == seed]}))
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pareto.py"), "--rescore",
+                           str(tmp_path / "p100.json"), str(tmp_path / "p101.json")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     hit = {(r["method"], r["seed"]): r["curve"][19] >= 0.90 for r in runs}
     won = sum(hit[("default", s)] and not hit[("tpe", s)] for s in (100, 101))
     lost = sum(hit[("tpe", s)] and not hit[("default", s)] for s in (100, 101))
     assert f"all: default vs tpe: won {won}, lost {lost} of 2 paired studies" in proc.stdout, proc.stdout
-    assert "10 studies rescored" in proc.stdout
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+    assert proc.stdout.count("Pareto search: hypervolume") == 1, proc.stdout
+    assert "10 studies rescored" in proc.stdout and "(x100; x101)" in proc.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p100.json", "p101.json"]
