@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="exploring: the design's share from the fastest-predicted third (default: "
                          "design.FAST_PART of the sampler, 1.0 for gp and tpe)")
     ap.add_argument("--rescore", metavar="JSON", nargs="+", default=None,
-                    help="no runs: print the table of results .json files again, their studies pooled (with today's table code)")
+                    help="no runs: print the table of results .json files again, their studies "
+                         "pooled (with today's table code)")
     ap.add_argument("--smoke", action="store_true",
                     help="seconds: streamer_70b, default/tpe/random, 1 seed, 10 trials; writes nothing")
     args = ap.parse_args(argv)
