@@ -20,7 +20,8 @@ crashes as the worst values seen with a violated ``run_ok``). The simplification
 CLI: no Ray, no trial subprocess, no storage file; a trial's metrics are the surface model's
 own, with the simulator's 3% log-normal timing noise drawn here, seeded by (surface,
 configuration, seed), so noise is paired across methods. Under a second per study for TPE,
-NSGA-II and random, 8-15 s for the GP sampler on two shared cores.
+NSGA-II and random, 3-14 s for the default and 30-70 s for Optuna's GPSampler on two shared
+cores (bench/results/pareto.txt, s/study).
 
 Per surface and method over seeds: median hypervolume share at 10, 20 and 30 launched
 trials, the share of seeds at >= 90% by trial 20 with its Wilson 95% interval, and the median
