@@ -76,8 +76,22 @@ def _copy(study: optuna.Study, metrics: list[str]) -> tuple[optuna.Study, list[i
     return mem, numbers
 
 
-def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None) -> go.Figure | None:
-    """Optuna's Pareto front of the measured trials, winner and baseline starred."""
+def _star_label(name: str, number: int, first: bool, judged: bool | None) -> str:
+    """A star's legend: ``name #number``, and what broke, when it did. ``first``: whether the
+    trial met the constraints when the search measured it; ``judged``: whether it met them
+    after the end-of-study re-measurement (None: not re-measured)."""
+    label = f"{name} #{number}"
+    if judged is None or judged == first:
+        return label + ("" if first else " (infeasible)")
+    return label + (" (infeasible when first measured, feasible re-measured)" if judged
+                    else " (feasible when first measured, infeasible re-measured)")
+
+
+def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None,
+                  judged: dict[int, bool] | None = None) -> go.Figure | None:
+    """Optuna's Pareto front of the measured trials, winner and baseline starred. ``judged``:
+    trial number -> feasible after the end-of-study re-measurement (summary.json), which a
+    star's legend gives when it differs from the search's own measurement."""
     if len(objectives) < 2:
         return None
     mem, numbers = _copy(study, objectives[:2])
@@ -93,10 +107,11 @@ def pareto_figure(study: optuna.Study, objectives: list[str], winner: int | None
     for number, name, color in marks:
         t = by_number.get(number) if number is not None else None
         if t is not None:
-            # the star hides the grey fill that marks an infeasible point
-            label = f"{name} #{number}" + ("" if _feasible(t) else " (infeasible)")
+            # the star hides the grey fill that marks an infeasible point, so the legend says it
+            # (the text beside the star stays short: a long one runs off the plot)
+            label = _star_label(name, number, _feasible(t), (judged or {}).get(number))
             fig.add_trace(go.Scatter(
-                x=[t.values[0]], y=[t.values[1]], mode="markers+text", name=label, text=[label],
+                x=[t.values[0]], y=[t.values[1]], mode="markers+text", name=label, text=[f"{name} #{number}"],
                 textposition="top center", cliponaxis=False,
                 marker={"symbol": "star", "size": 18, "color": color, "line": {"width": 1, "color": "black"}}))
     fig.update_layout(title="Pareto front of the measured trials (stars: winner, baseline = trial 0)",
@@ -210,7 +225,8 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
     objectives = [o.metric for o in config.objectives]
     metric = config.select.metric
     winner = summary.winner if summary else None
-    figs = {"pareto": pareto_figure(study, objectives, winner.number if winner else None),
+    judged = {r.number: r.feasible for r in (summary.baseline, winner) if r is not None} if summary else {}
+    figs = {"pareto": pareto_figure(study, objectives, winner.number if winner else None, judged),
             "history": history_figure(study, metric), "importance": importance_figure(study, metric)}
     parts = []
     for name, fig in figs.items():
