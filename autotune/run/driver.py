@@ -43,6 +43,7 @@ from autotune.record.tracking import PARENT_ATTR
 from autotune.run import stop
 from autotune.run.launcher import Launcher
 from autotune.run.remeasure import choose_winner
+from autotune.run.remeasure import tail_spikes
 from autotune.search.design import FAST_PART
 from autotune.search.design import NO_PRIOR_STARTUP
 from autotune.search.design import config_key
@@ -366,7 +367,13 @@ class Driver:
     def choose_winner(self, recs: list[Record]) -> Verdict:
         """The winner among :meth:`candidates`, re-measured side by side with the baseline (what
         :meth:`finish` does, for a caller without the rest of it: bench/surfaces/fast.py)."""
-        return choose_winner(self.cfg, self.launcher, self.report, self.candidates(recs)[0], self._baseline(recs))
+        return choose_winner(self.cfg, self.launcher, self.report, self.candidates(recs)[0], self._baseline(recs),
+                             self._suspects(recs))
+
+    def _suspects(self, recs: list[Record]) -> list[Record]:
+        """Measured trials that broke only a tail-latency bound by one slow request
+        (:func:`autotune.run.remeasure.tail_spikes`): re-measured when they would rank high."""
+        return tail_spikes([r for r in recs if r.kind == studylib.LAUNCHED], self.cfg.constraints)
 
     def finish(self, study: optuna.Study, interrupted: bool, elapsed: float) -> StudySummary:
         cfg = self.cfg
@@ -379,7 +386,7 @@ class Driver:
         verdict = Verdict()
         try:
             if not interrupted:
-                verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline)
+                verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline, self._suspects(recs))
         except KeyboardInterrupt as e:  # a stop during the re-measurement: export the search's winner
             interrupted, self.stopped = True, e
             self.placement.stop_all([])  # the re-measurement's trial in flight, on our own Ray

@@ -8,6 +8,12 @@ re-measured numbers break a constraint (or whose re-runs all failed) is dropped,
 summary says why (``by_trial[n]["dropped"]``). The summary says
 whether the winner's lead over the runner-up and over the baseline is within noise
 (the bootstrap 95% CI of the difference of the medians contains 0).
+
+A tail percentile from a handful of requests is nearly their maximum: one slow request (a
+background job, a page fault) can break a ``ttft_p95_ms`` bound for a configuration whose
+median is far inside it. Such a trial (:func:`tail_spikes`: every bound it broke is a p95/p99
+at least ``SPIKE`` times its own median, which meets the bound) joins the re-measurement
+when it would rank among the top candidates, and competes if its re-measured numbers hold.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ from autotune.search.select import rank
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
+    from autotune.config.schema import Constraint
     from autotune.output.report import Reporter
     from autotune.run.launcher import Launcher
 
 REMEASURE_BASE = 1_000_000  # re-measurement run numbers: BASE + trial * 100 + repeat
 RAW_KEYS = {"decode_tps": "decode_tps", "ttft_p50_ms": "ttft_ms"}
+SPIKE = 2.0  # a broken p95/p99 at least this many times its median (which holds): one slow request
+TAILS = ("_p95_", "_p99_")
 SPEED_PREFIXES = ("decode_", "prefill_", "ttft_", "itl_", "tpot_", "e2e_", "aggregate_", "accept_",
                   "goodput_", "max_concurrency_at_slo", "max_rate_at_slo", "throughput_", "error_rate",
                   "fairness_", "max_context_", "mem_growth_")
@@ -42,6 +51,30 @@ def _samples(metric: str, runs: list[dict], raws: list[dict]) -> list[float]:
     if key and all(key in r for r in raws):
         return [x for r in raws for x in r[key]]
     return [m[metric] for m in runs if metric in m and math.isfinite(m[metric])]
+
+
+def tail_spikes(records: list[Record], constraints: list[Constraint]) -> list[Record]:
+    """The measured records that broke only tail-latency bounds, each by a spike: the broken
+    percentile (p95/p99) is at least ``SPIKE`` times the same latency's median, and the median
+    itself meets the bound. A slow configuration breaks the median too; a steady one near the
+    bound has a tail close to its median."""
+    out = []
+    for rec in records:
+        if rec.status != "ok" or rec.feasible:
+            continue
+        broken = [c for c in constraints if rec.violations.get(str(c), 0.0) > 0]
+        if broken and all(_spike(c, rec.metrics) for c in broken):
+            out.append(rec)
+    return out
+
+
+def _spike(c: Constraint, metrics: dict[str, float]) -> bool:
+    tail = next((t for t in TAILS if t in c.metric), None)
+    if tail is None or c.op != "<=":
+        return False
+    value, median = metrics.get(c.metric, math.nan), metrics.get(c.metric.replace(tail, "_p50_"), math.nan)
+    return (math.isfinite(value) and math.isfinite(median) and median > 0 and c.violation(median) <= 0
+            and value >= SPIKE * median)
 
 
 def remeasure(launcher: Launcher, report: Reporter, configs: list[Record],
@@ -76,16 +109,22 @@ def _merge(rec: Record, runs: list[dict], cfg: Config) -> Record:
 
 
 def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates: list[Record],
-                  baseline: Record | None) -> Verdict:
-    """Pick the winner among ``candidates`` on re-measured numbers, with noise verdicts."""
+                  baseline: Record | None, suspects: list[Record] = ()) -> Verdict:
+    """Pick the winner among ``candidates`` on re-measured numbers, with noise verdicts.
+    ``suspects`` (:func:`tail_spikes`) that would rank among the top candidates are
+    re-measured with them and compete when their re-measured numbers hold."""
     sel = cfg.select
     objectives = [o.metric for o in cfg.objectives]
     ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
-    if not ranked:
-        return Verdict(note="no feasible trial: nothing to export as a winner")
-    if sel.top_k == 0 or sel.rerun_repeats == 0:
-        return Verdict(winner=ranked[0])
+    if sel.top_k == 0 or sel.rerun_repeats == 0 or not (ranked or suspects):
+        return Verdict(winner=ranked[0]) if ranked else Verdict(
+            note="no feasible trial: nothing to export as a winner")
     top = ranked[: sel.top_k]
+    contenders = rank([*top, *suspects], sel.rule, sel.metric, objectives, sel.weights)[: sel.top_k]
+    spiked = [r for r in contenders if r.number not in {c.number for c in top}]
+    for r in spiked:
+        report.note(f"trial #{r.number} {r.broken()}, a spike over its median: re-measured with the candidates")
+    top = top + spiked
     configs = top + ([baseline] if baseline and baseline.status == "ok"
                      and baseline.number not in {c.number for c in top} else [])
     report.note(f"re-measuring trials {[c.number for c in configs]} x{sel.rerun_repeats}, interleaved")
@@ -96,7 +135,8 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
             and merged[baseline.number].feasible and baseline.number not in {r.number for r in pool}):
         pool.append(merged[baseline.number])  # once: it may be among the top already
     if not pool:
-        return Verdict(winner=ranked[0], note="re-measurement left no feasible candidate; winner from the search")
+        return Verdict(winner=ranked[0] if ranked else None,
+                       note="re-measurement left no feasible candidate" + ("; winner from the search" if ranked else ""))
     final = rank(pool, sel.rule, sel.metric, objectives, sel.weights)
     winner = final[0]
     samples = {n: _samples(sel.metric, *runs[n]) for n in runs}

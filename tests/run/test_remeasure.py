@@ -1,4 +1,6 @@
-"""The end-of-study re-measurement when the baseline wins (a real fake-engine study, in-process)."""
+"""The end-of-study re-measurement: when the baseline wins, when a candidate breaks a constraint
+re-measured, and when a trial broke a tail-latency bound by one slow request (real studies,
+in-process), and which trials count as such (a table)."""
 
 from __future__ import annotations
 
@@ -7,12 +9,69 @@ import json
 
 import pytest
 
+from autotune.config.schema import Constraint
+from autotune.record.records import Record
+from autotune.run.remeasure import tail_spikes
+from tests.conftest import ROOT
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here
 
-pytestmark = pytest.mark.slow
+TTFT = Constraint("ttft_p95_ms", "<=", 300.0)
+E2E = Constraint("e2e_p99_ms", "<=", 5000.0)
+PPL = Constraint("ppl_delta_pct", "<=", 2.0)
+SPEED = Constraint("decode_tps", ">=", 20.0)
 
 
+def _rec(status: str = "ok", **metrics: float) -> Record:
+    cons = [TTFT, E2E, PPL, SPEED]
+    violations = {str(c): c.violation(metrics[c.metric]) / abs(c.bound) for c in cons if c.metric in metrics}
+    return Record(0, {}, metrics, status=status, feasible=status == "ok" and all(v <= 0 for v in violations.values()),
+                  violations=violations)
+
+
+@pytest.mark.parametrize(("rec", "spiked"), [
+    (_rec(ttft_p50_ms=164, ttft_p95_ms=1745), True),  # today's trial 0: one slow request of five
+    (_rec(ttft_p50_ms=280, ttft_p95_ms=310), False),  # a steady tail just over the bound
+    (_rec(ttft_p50_ms=200, ttft_p95_ms=390), False),  # over, but under twice its median
+    (_rec(ttft_p50_ms=400, ttft_p95_ms=2000), False),  # the median breaks the bound too: slow
+    (_rec(ttft_p95_ms=2000), False),  # no median to compare with
+    (_rec(ttft_p50_ms=100, ttft_p95_ms=2000, ppl_delta_pct=5), False),  # quality broke as well
+    (_rec(ttft_p50_ms=100, ttft_p95_ms=2000, decode_tps=5), False),  # and a lower bound
+    (_rec(ttft_p50_ms=100, ttft_p95_ms=250), False),  # feasible: nothing to rescue
+    (_rec("failed", ttft_p50_ms=100, ttft_p95_ms=2000), False),  # did not run
+    (_rec(e2e_p50_ms=1000, e2e_p99_ms=9000, ttft_p50_ms=100, ttft_p95_ms=120), True),  # p99 too
+], ids=["spike", "steady-tail", "under-2x", "slow-median", "no-median", "quality-too",
+        "lower-bound-too", "feasible", "failed", "p99"])
+def test_tail_spikes_are_one_slow_request_not_a_slow_configuration(rec, spiked):
+    assert tail_spikes([rec], [TTFT, E2E, PPL, SPEED]) == ([rec] if spiked else [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spike", ["transient", "persistent"])
+def test_a_trial_broken_by_one_slow_request_is_re_measured_and_wins_if_it_holds(tmp_path, spike):
+    """k = 3 is the fastest, but its search-time TTFT p95 (2,000 ms, median 100, bound 300)
+    made it infeasible. It ranks above the top-2 feasible candidates, so it is re-measured with
+    them: steady re-runs make it the winner, slow ones drop it with the reason."""
+    args = ["run", "--config-dir", str(ROOT / "tests" / "configs" / "good"), "conf=command_spike",
+            f"engine.settings.vars.spike={spike}", "tracking.enabled=false", *study_overrides(tmp_path, "spike")]
+    proc = run_cli_here(args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "studies" / "spike" / "summary.json").read_text())
+    by_trial = summary["remeasured"]["by_trial"]
+    assert sorted(by_trial) == ["0", "1", "2", "3"], by_trial  # top 2 (#2, #1), the spiked #3, the baseline
+    assert "trial #3 broke ttft_p95_ms <= 300 (measured 2000), a spike over its median" in proc.stdout
+    if spike == "transient":
+        assert summary["winner"]["number"] == 3 and summary["winner"]["params"] == {"k": 3}
+        assert summary["winner"]["feasible"] and summary["winner"]["metrics"]["ttft_p95_ms"] == 110.0
+        assert "dropped" not in by_trial["3"] and summary["runner_up"] == 2
+        best = (tmp_path / "studies" / "spike" / "best.yaml").read_text()
+        assert "Winner of study spike: trial 3." in best and "value: 3" in best, best
+    else:
+        assert summary["winner"]["number"] == 2, summary["winner"]
+        assert by_trial["3"]["dropped"] == "broke ttft_p95_ms <= 300 (measured 2000)", by_trial
+
+
+@pytest.mark.slow
 def test_a_baseline_that_wins_is_neither_its_own_runner_up_nor_judged_against_itself(tmp_path):
     # one launched trial: the baseline is the top candidate and the baseline at once. The preset's
     # TTFT bound (25 ms against the fake's ~16 ms of real sleep) broke once on a loaded box, and an
@@ -30,6 +89,7 @@ def test_a_baseline_that_wins_is_neither_its_own_runner_up_nor_judged_against_it
     assert "lead over #0" not in proc.stdout and "No configuration beat the engine defaults" in proc.stdout
 
 
+@pytest.mark.slow
 def test_a_candidate_that_breaks_a_constraint_when_re_measured_is_dropped_and_the_reports_say_why(tmp_path):
     """On the exl2_70b bench surface, candidate #5 measures a TTFT p95 of 190.6 ms in the search
     and 200.7 ms when re-measured (bound 200): it leaves the final ranking to #6, and
@@ -41,8 +101,6 @@ def test_a_candidate_that_breaks_a_constraint_when_re_measured_is_dropped_and_th
     these figures hold on any machine, while a searched path can differ in the GP's last bits
     from one CPU to another (it once put this case at #11 instead of #9). #1-#4 are slow
     fillers that put the two candidates at #5 and #6."""
-    from tests.conftest import ROOT
-
     fillers = "{max_seq_len: 4096}, {max_seq_len: 8192}, {max_seq_len: 12288}, {cache_mode: Q8}"
     candidates = ("{bpw: 4.0, cache_mode: Q8, gpu_split: tp, draft_k: 4, max_seq_len: 32768}, "
                   "{bpw: 3.5, cache_mode: Q8, gpu_split: tp, draft_k: 5, max_seq_len: 32768}")
