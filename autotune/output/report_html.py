@@ -166,8 +166,10 @@ def trials_table(study: optuna.Study, metrics: list[str]) -> str:
             + "</tr></thead><tbody>" + "\n".join(rows) + "</tbody></table>")
 
 
-def verdict_html(summary: StudySummary | None, constraints: list[str], metric: str) -> str:
-    """Constraints, speed-up and noise verdicts from summary.json."""
+def verdict_html(summary: StudySummary | None, constraints: list[str], metric: str, first_broken: str = "") -> str:
+    """Constraints, speed-up and noise verdicts from summary.json. ``first_broken``: what the
+    winner broke when the search measured it, when its re-measured numbers hold (the
+    re-measurement re-admits a trial broken by one slow request: autotune.run.remeasure)."""
     cons = "".join(f"<li><code>{html.escape(c)}</code></li>" for c in constraints) or "<li>none</li>"
     out = [f"<h2>Constraints</h2><ul>{cons}</ul>", "<h2>Verdict</h2>"]
     if summary is None:
@@ -187,6 +189,9 @@ def verdict_html(summary: StudySummary | None, constraints: list[str], metric: s
                       if sp is not None else "")
                    + (f"; <span class='warn'>{html.escape(words)}</span>" if noise else ("; outside noise" if noise is False else ""))
                    + "</p>")
+        if first_broken:
+            out.append(f"<p>Trial #{win.number} {html.escape(first_broken)} when the search measured it; "
+                       "re-measured side by side, it meets every constraint.</p>")
         if bad_base := summary.baseline_words():
             out.append(f"<p class='warn'>{html.escape(bad_base)}: it does not meet your constraints.</p>")
         if summary.lead_within_noise is not None:
@@ -226,6 +231,9 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
     metric = config.select.metric
     winner = summary.winner if summary else None
     judged = {r.number: r.feasible for r in (summary.baseline, winner) if r is not None} if summary else {}
+    first = {t.number: t for t in study.get_trials(deepcopy=False)}.get(winner.number) if winner else None
+    first_broken = (broken_text(dict(first.constraints or {}), trial_attrs(first).metrics)
+                    if first is not None and winner.feasible and not _feasible(first) else "")
     figs = {"pareto": pareto_figure(study, objectives, winner.number if winner else None, judged),
             "history": history_figure(study, metric), "importance": importance_figure(study, metric)}
     parts = []
@@ -244,7 +252,7 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
             f"<h1>autotune study {name}</h1><p>engine {html.escape(config.engine.kind)}; "
             f"{len(study.trials)} trials recorded (budget {config.study.n_trials} launched); objectives "
             + ", ".join(html.escape(_label(o)) for o in objectives) + "</p>"
-            + "".join(parts) + verdict_html(summary, constraints_as_written(config), metric)
+            + "".join(parts) + verdict_html(summary, constraints_as_written(config), metric, first_broken)
             + "<h2>Every trial</h2>" + trials_table(study, metrics) + "</body></html>")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.html"]

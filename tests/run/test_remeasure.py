@@ -53,7 +53,8 @@ def test_a_trial_broken_by_one_slow_request_is_re_measured_and_wins_if_it_holds(
     made it infeasible. It ranks above the top-2 feasible candidates, so it is re-measured with
     them: steady re-runs make it the winner, slow ones drop it with the reason."""
     args = ["run", "--config-dir", str(ROOT / "tests" / "configs" / "good"), "conf=command_spike",
-            f"engine.settings.vars.spike={spike}", "tracking.enabled=false", *study_overrides(tmp_path, "spike")]
+            f"engine.settings.vars.spike={spike}", "tracking.enabled=false", "report.enabled=true",
+            *study_overrides(tmp_path, "spike")]
     proc = run_cli_here(args, tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((tmp_path / "studies" / "spike" / "summary.json").read_text())
@@ -64,11 +65,16 @@ def test_a_trial_broken_by_one_slow_request_is_re_measured_and_wins_if_it_holds(
         assert summary["winner"]["number"] == 3 and summary["winner"]["params"] == {"k": 3}
         assert summary["winner"]["feasible"] and summary["winner"]["metrics"]["ttft_p95_ms"] == 110.0
         assert "dropped" not in by_trial["3"] and summary["runner_up"] == 2
+        page = (tmp_path / "studies" / "spike" / "report" / "report.html").read_text()
+        assert ("Trial #3 broke ttft_p95_ms &lt;= 300 (measured 2000) when the search measured it; "
+                "re-measured side by side, it meets every constraint.") in page
         best = (tmp_path / "studies" / "spike" / "best.yaml").read_text()
         assert "Winner of study spike: trial 3." in best and "value: 3" in best, best
     else:
         assert summary["winner"]["number"] == 2, summary["winner"]
         assert by_trial["3"]["dropped"] == "broke ttft_p95_ms <= 300 (measured 2000)", by_trial
+        page = (tmp_path / "studies" / "spike" / "report" / "report.html").read_text()
+        assert "when the search measured it" not in page
 
 
 @pytest.mark.slow
