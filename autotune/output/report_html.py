@@ -231,7 +231,7 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
     metric = config.select.metric
     winner = summary.winner if summary else None
     judged = {r.number: r.feasible for r in (summary.baseline, winner) if r is not None} if summary else {}
-    first = {t.number: t for t in study.get_trials(deepcopy=False)}.get(winner.number) if winner else None
+    first = next((t for t in study.get_trials(deepcopy=False) if winner and t.number == winner.number), None)
     first_broken = (broken_text(dict(first.constraints or {}), trial_attrs(first).metrics)
                     if first is not None and winner.feasible and not _feasible(first) else "")
     figs = {"pareto": pareto_figure(study, objectives, winner.number if winner else None, judged),

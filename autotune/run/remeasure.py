@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -109,7 +110,7 @@ def _merge(rec: Record, runs: list[dict], cfg: Config) -> Record:
 
 
 def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates: list[Record],
-                  baseline: Record | None, suspects: list[Record] = ()) -> Verdict:
+                  baseline: Record | None, suspects: Sequence[Record] = ()) -> Verdict:
     """Pick the winner among ``candidates`` on re-measured numbers, with noise verdicts.
     ``suspects`` (:func:`tail_spikes`) that would rank among the top candidates are
     re-measured with them and compete when their re-measured numbers hold."""
@@ -121,7 +122,8 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
             note="no feasible trial: nothing to export as a winner")
     top = ranked[: sel.top_k]
     contenders = rank([*top, *suspects], sel.rule, sel.metric, objectives, sel.weights)[: sel.top_k]
-    spiked = [r for r in contenders if r.number not in {c.number for c in top}]
+    in_top = {c.number for c in top}
+    spiked = [r for r in contenders if r.number not in in_top]
     for r in spiked:
         report.note(f"trial #{r.number} {r.broken()}, a spike over its median: re-measured with the candidates")
     top = top + spiked
