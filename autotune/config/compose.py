@@ -36,8 +36,10 @@ FREE_FORM = ("space.", "engine.settings.", "engine.variants.", "quality.referenc
 
 
 def project_conf_dir() -> Path:
-    """The presets shipped inside the package (``autotune/conf``), in a checkout and a wheel alike."""
-    return Path(__file__).resolve().parents[1] / "conf"
+    """The project's presets: ``conf/`` at a checkout's top level, ``autotune/conf`` in a wheel."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / "conf"
+    return inside if inside.is_dir() else package.parent / "conf"
 
 
 def project_dir() -> Path:

@@ -35,7 +35,7 @@ from autotune.engines.vllm.gpu import DRAFTED
 from autotune.engines.vllm.gpu import vram_need_gb
 from autotune.measure.types import Generation
 
-CONF = Path(__file__).resolve().parents[2] / "autotune" / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 # ---- ExLlamaV2: the pump --------------------------------------------------------------------
