@@ -35,11 +35,11 @@ from rich.console import Console  # noqa: E402
 
 from autotune.config.compose import compose  # noqa: E402
 from autotune.config.schema import load_config  # noqa: E402
+from autotune.config.validate import compile_space  # noqa: E402
 from autotune.output.report import Reporter  # noqa: E402
 from autotune.record.study import n_finished  # noqa: E402
 from autotune.run.driver import Driver  # noqa: E402
 from autotune.run.placement import Placement  # noqa: E402
-from autotune.search.space import compile_space  # noqa: E402
 
 CODE = ("import time,json,sys; d=float(sys.argv[1]); time.sleep(d); "
         "print(json.dumps(dict(decode_tps=100.0/d, ttft_p95_ms=10.0*d)))")

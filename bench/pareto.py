@@ -149,7 +149,9 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
     """One in-process Pareto study; the launched trials' params and measured results."""
     import optuna
 
+    from autotune.config.validate import compile_space
     from autotune.record import study as studylib
+    from autotune.search import trials as trialslib
     from autotune.search.design import FAST_PART
     from autotune.search.design import config_key
     from autotune.search.design import default_n_startup
@@ -160,7 +162,6 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
     from autotune.search.samplers import resolve
     from autotune.search.samplers import uses_design
     from autotune.search.space import baseline_params
-    from autotune.search.space import compile_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -203,14 +204,14 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
         if reasons or pred.fits is False:
             why = "rule: " + "; ".join(reasons) if reasons else (pred.reason or "predicted not to fit")
             studylib.tell(s, trial, cfg, params, TrialResult(trial.number, "infeasible", reason=why),
-                          kind=studylib.REJECTED)
+                          kind=trialslib.REJECTED)
             refused += 1
             continue
         key = config_key(params)
         if key in measured:
             done = measured[key]
             studylib.tell(s, trial, cfg, params, dataclasses.replace(done, number=trial.number),
-                          kind=studylib.DUPLICATE)
+                          kind=trialslib.DUPLICATE)
             refused += 1
             continue
         result = dataclasses.replace(measure(truth, params, seed), number=trial.number)

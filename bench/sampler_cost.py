@@ -33,10 +33,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.config.schema import load_config  # noqa: E402
+from autotune.config.validate import compile_space  # noqa: E402
 from autotune.record import study as studylib  # noqa: E402
 from autotune.search.bo import PoolSampler  # noqa: E402
 from autotune.search.pool import build_pool  # noqa: E402
-from autotune.search.space import compile_space  # noqa: E402
 from autotune.trial.spec import TrialResult  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sampler_cost.txt"

@@ -58,12 +58,12 @@ from truth import satisfies  # noqa: E402
 
 from autotune.config.compose import compose  # noqa: E402
 from autotune.config.schema import load_config  # noqa: E402
+from autotune.config.validate import compile_space  # noqa: E402
 from autotune.output.report import Reporter  # noqa: E402
 from autotune.run.driver import Driver  # noqa: E402
 from autotune.search import bo  # noqa: E402
 from autotune.search.batch import MODES  # noqa: E402
 from autotune.search.design import config_key  # noqa: E402
-from autotune.search.space import compile_space  # noqa: E402
 from autotune.trial.spec import TrialResult  # noqa: E402
 
 SURFACES = ("exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b")

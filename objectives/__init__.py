@@ -10,10 +10,14 @@ from autotune.objectives._registry import all_metrics
 from autotune.objectives._registry import get_metric
 from autotune.objectives._registry import register_distribution
 from autotune.objectives._registry import register_metric
+from autotune.objectives.goals import Constraint
+from autotune.objectives.goals import Objective
 
 __all__ = [
+    "Constraint",
     "Direction",
     "Metric",
+    "Objective",
     "all_metrics",
     "get_metric",
     "register_distribution",

@@ -9,10 +9,9 @@ together, it only hides the cycle from the interpreter. `from pkg.a import b` po
 Also: starting the CLI (`import autotune.cli.main`, `autotune --help`) loads no heavy library; those
 are imported where they are used (the trial worker, the driver, a sub-command's function).
 
-Layering: the stages a trial runs through below the driver (`engines`, `measure`, `trial`,
-`objectives`) import nothing from the stages above them (`config`, `search`, `run`, `record`,
-`output`, `cli`), counting the same statements; and `measure/` reaches an engine only through the
-`Generator` protocol (no `getattr(engine, ...)`).
+Layering: every stage imports only the stages below it, for the whole package (`STAGES`, top to
+bottom as shared/design/LAYOUT.md draws them), counting the same statements; and `measure/`
+reaches an engine only through the `Generator` protocol (no `getattr(engine, ...)`).
 """
 
 from __future__ import annotations
@@ -27,6 +26,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("autotune",)
+# Top-level folders a build maps into the package (setup.py): scanned under their dotted name.
+MAPPED = {"objectives": "autotune.objectives"}
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,14 @@ class Edge:
 
 
 def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
-    """Map each dotted module name of `packages` (under `root`) to its file."""
+    """Map each dotted module name of `packages` (under `root`, plus its MAPPED folders) to its file."""
+    folders = [(root / package, [package]) for package in packages]
+    folders += [(root / folder, dotted.split(".")) for folder, dotted in MAPPED.items()
+                if dotted.split(".")[0] in packages]
     modules: dict[str, Path] = {}
-    for package in packages:
-        for path in sorted((root / package).rglob("*.py")):
-            parts = list(path.relative_to(root).with_suffix("").parts)
+    for folder, prefix in folders:
+        for path in sorted(folder.rglob("*.py")):
+            parts = [*prefix, *path.relative_to(folder).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             modules[".".join(parts)] = path
@@ -264,20 +268,36 @@ def test_the_scan_ignores_acyclic_and_outside_imports(tmp_path):
     assert find_cycles(edges) == []
 
 
-# ---- layering: the stages below the driver import nothing above them ----------------------------
-LOWER = ("autotune.engines", "autotune.measure", "autotune.trial", "autotune.objectives")
-UPPER = ("autotune.config", "autotune.search", "autotune.run", "autotune.record",
-         "autotune.output", "autotune.cli")
+# ---- layering: every stage imports only the stages below it (shared/design/LAYOUT.md) ---------
+# Top to bottom. `tools` and `testing` sit beside the CLI (nothing in the package imports them);
+# the modules directly under autotune/ (errors, hardware, the engine registry, small helpers)
+# are the bottom. A stage may import itself and anything below it, never above.
+STAGES = (("cli", "tools", "testing"), ("run",), ("output",), ("record",), ("config",),
+          ("search",), ("engines",), ("trial",), ("measure",), ("objectives",))
 
 
-def _within(module: str, packages: tuple[str, ...]) -> bool:
-    return any(module == p or module.startswith(f"{p}.") for p in packages)
+def stage_rank(module: str, package: str = "autotune") -> int:
+    """0 for the top stage, increasing downwards; the bottom (package-level modules) is last."""
+    parts = module.split(".")
+    if parts[0] != package or len(parts) < 2:
+        return len(STAGES)
+    for rank, names in enumerate(STAGES):
+        if parts[1] in names:
+            return rank
+    return len(STAGES)
 
 
-def layer_violations(edges: list[Edge], lower: tuple[str, ...] = LOWER,
-                     upper: tuple[str, ...] = UPPER) -> list[Edge]:
-    """The imports from a module of `lower` into one of `upper` (every statement counts)."""
-    return [e for e in edges if _within(e.source, lower) and _within(e.target, upper)]
+def layer_violations(edges: list[Edge], package: str = "autotune") -> list[Edge]:
+    """The imports that point up: from a module into a stage above its own (every statement)."""
+    return [e for e in edges if stage_rank(e.target, package) < stage_rank(e.source, package)]
+
+
+def test_the_stage_list_names_every_folder_of_the_package():
+    folders = {p.name for p in (ROOT / "autotune").iterdir()
+               if p.is_dir() and (p / "__init__.py").is_file()}
+    named = {name for names in STAGES for name in names}
+    assert folders - {"objectives"} <= named, f"a stage folder is missing from STAGES: {folders - named}"
+    assert named <= folders | {"objectives"}, f"STAGES names a folder that is gone: {named - folders}"
 
 
 def engine_getattrs(root: Path, package: str = "autotune.measure") -> list[str]:
@@ -287,7 +307,7 @@ def engine_getattrs(root: Path, package: str = "autotune.measure") -> list[str]:
     """
     found = []
     for module, path in module_files(root, (package.split(".")[0],)).items():
-        if not _within(module, (package,)):
+        if module != package and not module.startswith(f"{package}."):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
@@ -299,42 +319,48 @@ def engine_getattrs(root: Path, package: str = "autotune.measure") -> list[str]:
     return found
 
 
-def test_engines_measure_trial_and_objectives_import_no_stage_above_them():
+def test_every_stage_imports_only_the_stages_below_it():
     bad = layer_violations(import_edges(ROOT, PACKAGES))
     if bad:
         lines = [f"    {e.source} -> {e.target}  ({e.path}:{e.line})" for e in bad]
-        pytest.fail("a lower stage imports an upper one (pass the data down instead, or move the "
-                    "code into the lower stage):\n" + "\n".join(lines), pytrace=False)
+        pytest.fail("an import points up the stages (pass the data down instead, or move the code "
+                    "into the lower stage):\n" + "\n".join(lines), pytrace=False)
 
 
 def test_measure_reaches_engines_only_through_the_generator_protocol():
     assert engine_getattrs(ROOT) == []
 
 
-LAYERED = {  # case: (files of a package `at`, the offending (source, target) imports)
-    "module_level": ({"at/engines/a.py": "from at.config.schema import Config\n"},
-                     {("at.engines.a", "at.config.schema")}),
-    "in_function": ({"at/measure/a.py": "def f():\n    from at.record import summary\n"},
-                    {("at.measure.a", "at.record.summary")}),
-    "type_checking": ({"at/trial/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                        "    import at.output.export\n"},
-                      {("at.trial.a", "at.output.export")}),
-    "downwards_is_fine": ({"at/config/schema.py": "from at.engines import a\n",
-                           "at/engines/a.py": "from at.measure import b\n"}, set()),
+LAYERED = {  # case: (files of a package `autotune` in a temp dir, the offending imports)
+    "module_level": ({"autotune/engines/a.py": "from autotune.config.schema import Config\n"},
+                     {("autotune.engines.a", "autotune.config.schema")}),
+    "in_function": ({"autotune/measure/a.py": "def f():\n    from autotune.record import summary\n"},
+                    {("autotune.measure.a", "autotune.record.summary")}),
+    "type_checking": ({"autotune/trial/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                              "    import autotune.output.export\n"},
+                      {("autotune.trial.a", "autotune.output.export")}),
+    "search_into_record": ({"autotune/search/a.py": "from autotune.record.summary import x\n"},
+                           {("autotune.search.a", "autotune.record.summary")}),
+    "output_into_run": ({"autotune/output/a.py": "from autotune.run import plan\n"},
+                        {("autotune.output.a", "autotune.run.plan")}),
+    "bottom_into_a_stage": ({"autotune/helper.py": "from autotune.engines import a\n"},
+                            {("autotune.helper", "autotune.engines.a")}),
+    "downwards_is_fine": ({"autotune/config/schema.py": "from autotune.engines import a\n",
+                           "autotune/engines/a.py": "from autotune.measure import b\n",
+                           "autotune/measure/b.py": "from autotune import errors\n"}, set()),
 }
 
 
 @pytest.mark.parametrize("case", sorted(LAYERED))
 def test_the_layer_check_sees_every_import_statement(tmp_path, case):
     files, expected = LAYERED[case]
-    packages = ["at", "at/engines", "at/measure", "at/trial", "at/config", "at/record",
-                "at/output"]
+    packages = ["autotune", *(f"autotune/{p}" for p in ("engines", "measure", "trial", "config",
+                                                          "record", "output", "run", "search"))]
     _write(tmp_path, {f"{p}/__init__.py": "" for p in packages}
-           | {"at/measure/b.py": "", "at/record/summary.py": "", "at/output/export.py": "",
-              "at/config/schema.py": "", **files})
-    lower = tuple(f"at.{p}" for p in ("engines", "measure", "trial", "objectives"))
-    upper = tuple(f"at.{p}" for p in ("config", "search", "run", "record", "output", "cli"))
-    bad = layer_violations(import_edges(tmp_path, ("at",)), lower, upper)
+           | {"autotune/measure/b.py": "", "autotune/record/summary.py": "", "autotune/errors.py": "",
+              "autotune/output/export.py": "", "autotune/config/schema.py": "",
+              "autotune/run/plan.py": "", "autotune/engines/a.py": "", **files})
+    bad = layer_violations(import_edges(tmp_path, ("autotune",)))
     assert {(e.source, e.target) for e in bad} == expected
 
 

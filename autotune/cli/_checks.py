@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.engines.base import ENGINES
 from autotune.hardware import cpu_count
 from autotune.hardware import list_gpus
+from autotune.registry import ENGINES
 
 if TYPE_CHECKING:
     from autotune.engines.cuda_ext import JitExtension

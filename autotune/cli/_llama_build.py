@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune._process_group import stop_process
 from autotune.cli._checks import Check
-from autotune.trial.runner import stop_process
 
 # /proc/cpuinfo flag -> llama.cpp CMake option, in the order the rebuild line lists them
 CPU_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),

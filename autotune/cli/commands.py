@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import yaml
 
 from autotune._files import write_atomic
+from autotune._process_group import stop_process
 from autotune.errors import ConfigError
 from autotune.record.studies import CONFIG_FILE
 from autotune.record.studies import RUNNING_FILE
 from autotune.record.studies import find_study
 from autotune.record.studies import read_config
-from autotune.trial.runner import stop_process
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config

@@ -38,12 +38,12 @@ from autotune.cli._llama_build import offload_check
 from autotune.cli._llama_build import rebuild_command
 from autotune.cli._llama_build import smoke_argv
 from autotune.cli._llama_build import smoke_decode
-from autotune.engines.base import ENGINES
 from autotune.engines.variants import cache_dir
 from autotune.errors import AutotuneError
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
 from autotune.hardware import list_gpus
+from autotune.registry import ENGINES
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config

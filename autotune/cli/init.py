@@ -28,10 +28,10 @@ from autotune.cli._presets import Box
 from autotune.cli._presets import exllamav2_preset
 from autotune.cli._presets import llama_server_preset
 from autotune.cli._presets import llamacpp_preset
-from autotune.engines.base import ENGINES
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
 from autotune.hardware import cpu_count
+from autotune.registry import ENGINES
 
 DESCRIPTION = ("Write DIR/NAME.yaml for this box and these models (GGUF files or EXL2 directories), "
                "validated, then print its --dry-run plan; `autotune run --config-dir DIR conf=NAME` "
@@ -121,8 +121,8 @@ def choose_engine(engine: str | None, ms: ModelSet) -> str:
 
 
 def _exl2_predictor(ms: ModelSet, box: Box):
-    from autotune.engines.base import get_engine_class
     from autotune.engines.exllamav2.predict import predict_exllamav2
+    from autotune.registry import get_engine_class
 
     cls = get_engine_class("exllamav2")
     variants = {v.name: {"path": str(v.path), "bpw": v.bpw} for v in ms.variants}
@@ -154,9 +154,9 @@ def check_preset(text: str, name: str):
     temporary folder); returns (cfg, space, baseline) or raises ConfigError."""
     from autotune.config.compose import compose
     from autotune.config.schema import load_config
+    from autotune.config.validate import compile_space
     from autotune.config.validate import validate_all
     from autotune.search.space import baseline_params
-    from autotune.search.space import compile_space
 
     with tempfile.TemporaryDirectory(prefix="autotune-init-") as tmp:
         Path(tmp, f"{name}.yaml").write_text(text)
@@ -203,7 +203,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         write_atomic(target, text)
     except OSError as e:
         raise ConfigError("--out", args.out, f"cannot write there ({e.strerror})") from e
-    from autotune.output.plan import print_plan
+    from autotune.run.plan import print_plan
 
     print_plan(cfg, space, baseline)
     print(f"wrote {target}\nrun it:  autotune run --config-dir {out_dir} conf={name}")

@@ -75,9 +75,9 @@ def prepare(overrides: list[str], config_dir: str | None, dry_run: bool = False)
     """Compose, validate and compile: everything that can fail on bad input. Writes nothing."""
     from autotune.config.compose import compose
     from autotune.config.schema import load_config
+    from autotune.config.validate import compile_space
     from autotune.config.validate import validate_all
     from autotune.search.space import baseline_params
-    from autotune.search.space import compile_space
 
     cfg = load_config(compose(overrides, config_dir))
     space = compile_space(cfg)
@@ -96,7 +96,7 @@ def prepare(overrides: list[str], config_dir: str | None, dry_run: bool = False)
 def cmd_run(args: argparse.Namespace) -> int:
     cfg, space, baseline = prepare(args.overrides, args.config_dir, args.dry_run)
     if args.dry_run:
-        from autotune.output.plan import print_plan
+        from autotune.run.plan import print_plan
 
         print_plan(cfg, space, baseline)
         return 0

@@ -29,13 +29,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from autotune.engines.base import get_engine_class
 from autotune.errors import ConfigError
 from autotune.errors import did_you_mean
 from autotune.errors import unknown_name
 from autotune.measure.prompts import load_prompts
 from autotune.measure.prompts import prompt_sets
 from autotune.measure.spec import WorkloadSpec
+from autotune.registry import get_engine_class
 
 BYTES_PER_TOKEN_MAX = 8  # a tokenizer never averages more bytes per token than this on text
 MLFLOW_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks",

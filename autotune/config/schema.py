@@ -23,6 +23,8 @@ from autotune.errors import unknown_name
 from autotune.measure.spec import ARRIVALS
 from autotune.measure.spec import LOADS
 from autotune.measure.spec import WorkloadSpec
+from autotune.objectives.goals import Constraint
+from autotune.objectives.goals import Objective
 
 SAMPLERS = ("auto", "bo", "tpe", "gp", "nsga2", "random", "grid")
 SEARCH_MODES = ("single", "pareto")
@@ -114,28 +116,6 @@ class SelectConfig:
     weights: dict = field(default_factory=dict)
     top_k: int = 3
     rerun_repeats: int = 3
-
-
-@dataclass(frozen=True)
-class Objective:
-    metric: str
-    direction: str
-
-
-@dataclass(frozen=True)
-class Constraint:
-    """``metric op bound``; Optuna's convention: value <= 0 is feasible."""
-
-    metric: str
-    op: str
-    bound: float
-
-    def violation(self, value: float) -> float:
-        """Signed violation in the metric's unit (<= 0 is feasible)."""
-        return value - self.bound if self.op == "<=" else self.bound - value
-
-    def __str__(self) -> str:
-        return f"{self.metric} {self.op} {self.bound:g}"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Cross-section checks run before any trial: enqueued configs, reference, workload vs engine,
-quality vs engine, the sampler vs the space, and an engine's own timeout vs the trial's.
+"""The config against what it configures, before any trial: the space and rules against the
+engine's knobs (:func:`compile_space`), enqueued configs, reference, workload vs engine, quality
+vs engine, the sampler vs the space, and an engine's own timeout vs the trial's.
 """
 
 from __future__ import annotations
@@ -7,14 +8,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from typing import Any
 
-from autotune.engines.base import get_engine_class
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
+from autotune.registry import get_engine_class
 from autotune.search.samplers import validate_sampler
+from autotune.search.space import build_space
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
     from autotune.search.space import Space
+
+
+def compile_space(cfg: Config) -> Space:
+    """Validate ``cfg.space`` and ``cfg.rules`` against the engine; build the Space."""
+    return build_space(cfg.engine.kind, cfg.engine.settings, cfg.engine.variants, cfg.space, cfg.rules)
 
 
 def validate_enqueue(space: Space, baseline: dict[str, Any], extra: list[Any]) -> None:

@@ -1,4 +1,4 @@
-"""The Engine contract the trial runner needs, and the lazy registry of engines.
+"""The Engine contract the trial runner needs (the registry of engines is autotune/registry.py).
 
 Lifecycle of an engine in a trial worker: ``create -> start -> (generate | measure |
 logprobs)* -> memory -> stop``; ``stop`` runs whatever happened before and must leave no
@@ -38,19 +38,6 @@ from autotune.errors import Unsupported
 from autotune.errors import unknown_name
 from autotune.hardware import list_gpus
 from autotune.measure.types import Generation
-
-# name -> "module:Class"; importing autotune never imports an engine's library.
-ENGINES: dict[str, str] = {
-    "llamacpp": "autotune.engines.llamacpp.engine:LlamaCppEngine",
-    "command": "autotune.engines.command:CommandEngine",
-    "fake": "autotune.engines.fake:FakeEngine",
-    "exllamav2": "autotune.engines.exllamav2.engine:ExLlamaV2Engine",
-    "exllamav3": "autotune.engines.exllamav3.engine:ExLlamaV3Engine",
-    "tabbyapi": "autotune.engines.tabbyapi.engine:TabbyAPIEngine",
-    "vllm": "autotune.engines.vllm.engine:VLLMEngine",
-    "openai_server": "autotune.engines.openai_server:OpenAIServerEngine",
-    "llama_server": "autotune.engines.llama_server.engine:LlamaServerEngine",
-}
 
 KNOB_TYPES = ("int", "float", "bool", "str", "list")  # the types a YAML-declared knob may have
 KNOB_KEYS = ("type", "choices", "low", "high", "doc", "spelling")
@@ -395,15 +382,3 @@ class Engine:
 
     def stop(self) -> None:
         """Release everything start() acquired; safe to call after a failed or no start."""
-
-
-def get_engine_class(kind: str, path: str = "engine.kind") -> type[Engine]:
-    """Import an engine class by registry name (only its module, not its library)."""
-    target = ENGINES.get(kind)
-    if target is None:
-        raise unknown_name(path, kind, ENGINES, "engine")
-    module, _, cls = target.partition(":")
-    try:
-        return getattr(importlib.import_module(module), cls)
-    except ImportError as e:
-        raise ConfigError(path, kind, f"engine module {module} cannot be imported: {e}") from e

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.trial.runner import kill_group
+from autotune._process_group import kill_group
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,9 @@ from autotune._files import write_atomic
 if TYPE_CHECKING:
     from autotune.config.schema import Config
     from autotune.engines.base import Engine
-    from autotune.record.records import Record
     from autotune.record.summary import StudySummary
     from autotune.search.space import Space
+    from autotune.search.trials import Record
 
 
 def _json(data: Any) -> str:
@@ -150,13 +150,13 @@ def export_trial(path: Path, number: int | None, out: Path | None) -> tuple[list
     ``number`` None means the winner in ``summary.json`` (else the best feasible trial so far,
     for a study that has not ended). Returns (files, notes).
     """
+    from autotune.config.validate import compile_space
     from autotune.errors import ConfigError
     from autotune.record.studies import best_feasible
     from autotune.record.studies import load_study
     from autotune.record.studies import read_config
     from autotune.record.studies import read_summary
     from autotune.record.study import records
-    from autotune.search.space import compile_space
 
     cfg = read_config(path)
     space = compile_space(cfg)

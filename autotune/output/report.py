@@ -29,8 +29,8 @@ from autotune.search.samplers import resolve
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
-    from autotune.record.records import Record
     from autotune.record.studies import StudyState
+    from autotune.search.trials import Record
     from autotune.trial.spec import TrialResult
 
 COLUMNS = ("decode_tps", "prefill_tps", "ttft_p50_ms", "ttft_p95_ms", "ppl_delta_pct", "kld_mean", "peak_rss_mb",

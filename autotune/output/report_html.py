@@ -24,13 +24,13 @@ from optuna.trial import TrialState
 
 from autotune._files import write_atomic
 from autotune.objectives import get_metric
-from autotune.record.records import broken_text
 from autotune.record.studies import constraints_as_written
 from autotune.record.studies import load_study
 from autotune.record.studies import read_config
 from autotune.record.studies import read_summary
 from autotune.record.study import copied_attrs
-from autotune.record.study import trial_attrs
+from autotune.search.trials import broken_text
+from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
     from autotune.record.summary import StudySummary

@@ -135,6 +135,7 @@ def _running(study: optuna.Study, space: Space, params: dict[str, Any]) -> optun
 def _replay(study: optuna.Study, cfg: Config, space: Space, workdir: Path) -> str:
     """Tell trial ``workdir`` again from its spec and result; returns its source label."""
     from autotune.record import study as studylib
+    from autotune.search import trials as trialslib
     from autotune.trial.spec import TrialResult
     from autotune.trial.spec import TrialSpec
 
@@ -148,7 +149,7 @@ def _replay(study: optuna.Study, cfg: Config, space: Space, workdir: Path) -> st
                            else None)
     result_path = workdir / "result.json"
     if not result_path.exists():
-        studylib.tell_fail(study, trial, params, studylib.INTERRUPTED,
+        studylib.tell_fail(study, trial, params, trialslib.INTERRUPTED,
                            "interrupted (no result on disk; rebuilt by autotune repair)")
         return "interrupted"
     result = TrialResult.from_json(result_path.read_text())
@@ -175,7 +176,8 @@ def rebuild(study: optuna.Study, cfg: Config, space: Space, trials_dir: Path,
     from optuna.trial import TrialState
 
     from autotune.record import study as studylib
-    from autotune.record.study import trial_attrs
+    from autotune.search import trials as trialslib
+    from autotune.search.trials import trial_attrs
 
     dirs = {int(d.name): d for d in trials_dir.glob("[0-9][0-9][0-9][0-9]") if (d / "spec.json").exists()}
     count: Counter = Counter()
@@ -192,7 +194,7 @@ def rebuild(study: optuna.Study, cfg: Config, space: Space, trials_dir: Path,
         elif old is not None:  # RUNNING in the backup, never written to trials/
             params = trial_attrs(old).params or dict(old.params)
             trial = _running(study, space, params)
-            studylib.tell_fail(study, trial, params, studylib.INTERRUPTED, "interrupted (driver stopped)")
+            studylib.tell_fail(study, trial, params, trialslib.INTERRUPTED, "interrupted (driver stopped)")
             count["interrupted"] += 1
         else:
             _placeholder(study, "lost with the damaged optuna.db: told after the last backup and "
@@ -205,6 +207,7 @@ def repair(path: Path, force: bool = False) -> list[str]:
     """Rebuild ``path``'s Optuna study and MLflow runs; the lines to print."""
     import optuna
 
+    from autotune.config.validate import compile_space
     from autotune.record import study as studylib
     from autotune.record.resume import config_parts
     from autotune.record.storage import BACKUP_SUFFIX
@@ -214,7 +217,6 @@ def repair(path: Path, force: bool = False) -> list[str]:
     from autotune.record.studies import read_config
     from autotune.record.studies import storage_url
     from autotune.record.study import set_study_attr
-    from autotune.search.space import compile_space
 
     cfg = read_config(path)
     url = storage_url(path, cfg)

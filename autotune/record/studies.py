@@ -6,7 +6,7 @@ and the exports once the study ends, and ``.running`` (the driver's pid) while i
 The ``report``, ``export``, ``ui`` and ``ls`` commands read studies through this module
 only, as records: the config as a :class:`~autotune.config.schema.Config`, the summary as a
 :class:`~autotune.record.summary.StudySummary`, the trials as
-:class:`~autotune.record.records.Record`. Nothing here writes into a study.
+:class:`~autotune.search.trials.Record`. Nothing here writes into a study.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import optuna
 
     from autotune.config.schema import Config
-    from autotune.record.records import Record
+    from autotune.search.trials import Record
 
 RUNNING_FILE = ".running"
 CONFIG_FILE = "config.yaml"

@@ -13,8 +13,9 @@ live in its user attributes: ``launched`` (ran; counts against ``n_trials``), ``
 as a measured trial: its result reused) and ``interrupted`` (cut off by a stop: re-run on
 resume, not counted).
 
-Optuna's user attributes are read and written here only: :func:`trial_attrs` reads a
-trial's as a :class:`TrialAttrs`; :func:`tell`, :func:`tell_fail`, :func:`mark_launched`
+Optuna's user attributes are written here only and read by
+:func:`autotune.search.trials.trial_attrs` (a :class:`~autotune.search.trials.TrialAttrs`, which
+the sampler reads too); :func:`tell`, :func:`tell_fail`, :func:`mark_launched`
 and :func:`mark_interrupted` write them; :func:`study_attr` / :func:`set_study_attr` hold
 the study's own (the config fingerprint, the MLflow parent run).
 """
@@ -24,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass
-from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -34,11 +33,15 @@ import optuna
 from optuna.trial import TrialState
 
 from autotune.errors import ConfigError
-from autotune.record.records import Record
 from autotune.record.storage import open_rdb
 from autotune.search.select import search_direction
 from autotune.search.select import search_scalar
 from autotune.search.space import encode
+from autotune.search.trials import INTERRUPTED
+from autotune.search.trials import LAUNCHED
+from autotune.search.trials import REJECTED
+from autotune.search.trials import Record
+from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
@@ -47,44 +50,10 @@ if TYPE_CHECKING:
 
 RUN_OK = "run_ok"
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
-LAUNCHED, REJECTED, DUPLICATE, INTERRUPTED = "launched", "rejected", "duplicate", "interrupted"
 FINGERPRINT = "fingerprint"  # study attribute: config_fingerprint of the config that started it
 
 
-# ---- user attributes: the one place that reads and writes them ---------------------------
-@dataclass(frozen=True)
-class TrialAttrs:
-    """What autotune keeps in a trial's Optuna user attributes (None or empty when absent).
-
-    ``status``/``reason``/``metrics``/``node``/``duration_s``: the trial's result;
-    ``params``: its decoded parameters; ``kind``: launched, rejected, duplicate or
-    interrupted; ``prediction``: the engine's pre-launch estimate (``need_gb``,
-    ``have_gb``, ``decode_tps_upper``); ``role`` (baseline, enqueued, design, rerun),
-    ``rerun_of`` and ``duplicate_of``: where the trial came from.
-    """
-
-    status: str | None = None
-    reason: str = ""
-    metrics: dict[str, float] = field(default_factory=dict)
-    params: dict[str, Any] | None = None
-    kind: str | None = None
-    node: str = ""
-    duration_s: float = 0.0
-    prediction: dict[str, Any] | None = None
-    role: str | None = None
-    rerun_of: int | None = None
-    duplicate_of: int | None = None
-
-
-def trial_attrs(t: optuna.trial.FrozenTrial) -> TrialAttrs:
-    """A finished (or running) trial's user attributes as a :class:`TrialAttrs`."""
-    u = t.user_attrs
-    return TrialAttrs(status=u.get("status"), reason=u.get("reason", ""), metrics=u.get("metrics", {}),
-                      params=u.get("params"), kind=u.get("kind"), node=str(u.get("node", "")),
-                      duration_s=float(u.get("duration_s") or 0.0), prediction=u.get("prediction"),
-                      role=u.get("role"), rerun_of=u.get("rerun_of"), duplicate_of=u.get("duplicate_of"))
-
-
+# ---- user attributes: the one place that writes them (read by search.trials.trial_attrs) ----
 def copied_attrs(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """Every user attribute of ``t``, to copy the trial into another (in-memory) study."""
     return dict(t.user_attrs)

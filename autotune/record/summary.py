@@ -21,7 +21,7 @@ from typing import Any
 
 from autotune.engines.predict import Prediction
 from autotune.engines.predict import compare
-from autotune.record.records import Record
+from autotune.search.trials import Record
 
 # keys of summary.json written only when known (older summaries lack them too)
 _OPTIONAL = ("remeasured", "lead_within_noise", "runner_up", "speedup", "speedup_source",

@@ -16,7 +16,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from autotune.record import mlflow_view
-from autotune.record.study import trial_attrs
+from autotune.search.trials import trial_attrs
 from autotune.trial.spec import TrialResult
 
 if TYPE_CHECKING:

@@ -83,22 +83,6 @@ def resource_plan(cfg: Config, space: Space, limit: int = 2_000) -> list[str]:
     return lines
 
 
-def unschedulable(cfg: Config, space: Space, limit: int = 2_000) -> list[str]:
-    """Demands of feasible configs that a local Ray of this config can never run."""
-    cap = capacity(cfg)
-    if cap is None:
-        return []
-    out = set()
-    for i, params in enumerate(space.configurations()):
-        if i >= limit:
-            break
-        if not space.violations(params):
-            need = demand(space.engine.resources(params, cfg.engine.settings))
-            if not fits(need, cap):
-                out.add(", ".join(f"{k} {v:g}" for k, v in sorted(need.items())))
-    return sorted(out)
-
-
 @contextlib.contextmanager
 def gpu_lease(cuda_visible_devices: str | None, timeout_s: float = 60.0,
               lease_dir: Path = LEASE_DIR) -> Iterator[list[int]]:

@@ -44,6 +44,7 @@ from autotune.run import stop
 from autotune.run.launcher import Launcher
 from autotune.run.remeasure import choose_winner
 from autotune.run.remeasure import tail_spikes
+from autotune.search import trials as trialslib
 from autotune.search.design import FAST_PART
 from autotune.search.design import NO_PRIOR_STARTUP
 from autotune.search.design import config_key
@@ -66,10 +67,10 @@ if TYPE_CHECKING:
 
     from autotune.config.schema import Config
     from autotune.output.report import Reporter
-    from autotune.record.records import Record
     from autotune.record.tracking import Tracker
     from autotune.run.placement import Placement
     from autotune.search.space import Space
+    from autotune.search.trials import Record
 
 LOST_GRACE_S = 120.0
 REJECTED_PER_TRIAL = 20  # default study.max_rejected: this many x n_trials in a row
@@ -229,7 +230,7 @@ class Driver:
         slots = cfg.ray.max_concurrent or self.placement.default_slots()
         launched = studylib.n_launched(study)
         self.measured = {config_key(r.params): r for r in studylib.records(study)
-                         if r.kind == studylib.LAUNCHED}
+                         if r.kind == trialslib.LAUNCHED}
         cap = cfg.study.max_rejected or REJECTED_PER_TRIAL * cfg.study.n_trials
         refused = 0  # proposals in a row that could not be launched
         exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
@@ -300,7 +301,7 @@ class Driver:
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str) -> str:
         """Tell a proposal that was never started as infeasible (the sampler learns; not counted)."""
         result = TrialResult(trial.number, "infeasible", reason=reason)
-        record = studylib.tell(study, trial, self.cfg, params, result, kind=studylib.REJECTED)
+        record = studylib.tell(study, trial, self.cfg, params, result, kind=trialslib.REJECTED)
         self.report.finished(record, 0.0)
         self._log(record, result, None)
         return reason
@@ -311,12 +312,12 @@ class Driver:
         if done is None:  # in flight: its result is not known yet; FAIL (samplers skip it)
             number = next(p.trial.number for p in self.pending.values() if p.key == key)
             reason = f"same configuration as trial {number} (in flight): not launched"
-            studylib.tell_fail(study, trial, params, studylib.DUPLICATE, reason)
+            studylib.tell_fail(study, trial, params, trialslib.DUPLICATE, reason)
             self.report.note(f"  #{trial.number} {reason}")
             return reason
         reason = f"same configuration as trial {done.number}: its result reused, not launched"
         result = TrialResult(trial.number, done.status, dict(done.metrics), reason=reason)
-        record = studylib.tell(study, trial, self.cfg, params, result, kind=studylib.DUPLICATE,
+        record = studylib.tell(study, trial, self.cfg, params, result, kind=trialslib.DUPLICATE,
                                attrs={"duplicate_of": done.number})
         self.report.note(f"  #{trial.number} {reason}")
         self._log(record, result, None)
@@ -343,7 +344,7 @@ class Driver:
     def _abort_pending(self, study: optuna.Study) -> None:
         self.placement.stop_all(list(self.pending))
         for p in self.pending.values():
-            studylib.tell_fail(study, p.trial, p.params, studylib.INTERRUPTED, "interrupted")
+            studylib.tell_fail(study, p.trial, p.params, trialslib.INTERRUPTED, "interrupted")
         self.pending = {}
 
     # ---- end of study --------------------------------------------------------------
@@ -353,13 +354,13 @@ class Driver:
         if first is None:
             return None
         key = config_key(first.params)
-        return next((r for r in recs if r.kind == studylib.LAUNCHED and config_key(r.params) == key), None)
+        return next((r for r in recs if r.kind == trialslib.LAUNCHED and config_key(r.params) == key), None)
 
     def candidates(self, recs: list[Record]) -> tuple[list[Record], list[Record]]:
         """The records the winner is chosen among, and the measured-feasible Pareto front. The
         winner is the best feasible by the selection rule: any measured trial for ``max`` in
         single mode, the Pareto front otherwise (knee/weighted are front notions)."""
-        measured = [r for r in recs if r.kind == studylib.LAUNCHED]
+        measured = [r for r in recs if r.kind == trialslib.LAUNCHED]
         front = pareto_front(measured, [o.metric for o in self.cfg.objectives])
         single_max = self.cfg.study.search == "single" and self.cfg.select.rule == "max"
         return ([r for r in measured if r.feasible] if single_max else front), front
@@ -373,13 +374,13 @@ class Driver:
     def _suspects(self, recs: list[Record]) -> list[Record]:
         """Measured trials that broke only a tail-latency bound by one slow request
         (:func:`autotune.run.remeasure.tail_spikes`): re-measured when they would rank high."""
-        return tail_spikes([r for r in recs if r.kind == studylib.LAUNCHED], self.cfg.constraints)
+        return tail_spikes([r for r in recs if r.kind == trialslib.LAUNCHED], self.cfg.constraints)
 
     def finish(self, study: optuna.Study, interrupted: bool, elapsed: float) -> StudySummary:
         cfg = self.cfg
         sel = cfg.select
         recs = studylib.records(study)
-        measured = [r for r in recs if r.kind == studylib.LAUNCHED]
+        measured = [r for r in recs if r.kind == trialslib.LAUNCHED]
         objectives = [o.metric for o in cfg.objectives]
         candidates, front = self.candidates(recs)
         baseline = self._baseline(recs)
@@ -400,11 +401,11 @@ class Driver:
             if b and w and math.isfinite(b) and math.isfinite(w):
                 speedup = w / b if get_metric(sel.metric).higher_is_better else b / w
                 source = "search"
-        attrs = {t.number: studylib.trial_attrs(t) for t in study.get_trials(deepcopy=False)}
+        attrs = {t.number: trialslib.trial_attrs(t) for t in study.get_trials(deepcopy=False)}
         summary = StudySummary(
             study=cfg.study.name, engine=cfg.engine.kind, interrupted=interrupted, search=cfg.study.search,
-            n_trials=len(measured), n_rejected=sum(r.kind == studylib.REJECTED for r in recs),
-            n_duplicates=sum(r.kind == studylib.DUPLICATE for r in recs),
+            n_trials=len(measured), n_rejected=sum(r.kind == trialslib.REJECTED for r in recs),
+            n_duplicates=sum(r.kind == trialslib.DUPLICATE for r in recs),
             n_feasible=sum(r.feasible for r in measured),
             n_failed=sum(r.status in ("failed", "timeout") for r in measured),
             n_infeasible=sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in measured),

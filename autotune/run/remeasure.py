@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING
 from autotune.measure.stats import summarize
 from autotune.measure.stats import within_noise
 from autotune.objectives import get_metric
-from autotune.record.records import Record
 from autotune.record.study import constraint_values
 from autotune.record.summary import Verdict
 from autotune.search.select import rank
+from autotune.search.trials import Record
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
-    from autotune.config.schema import Constraint
+    from autotune.objectives.goals import Constraint
     from autotune.output.report import Reporter
     from autotune.run.launcher import Launcher
 

@@ -49,7 +49,6 @@ from optuna.trial import TrialState
 from scipy.stats import norm
 from threadpoolctl import threadpool_limits
 
-from autotune.record.study import trial_attrs
 from autotune.search import batch as batchlib
 from autotune.search import front as frontlib
 from autotune.search import refine
@@ -57,11 +56,12 @@ from autotune.search.design import config_key
 from autotune.search.pool import Pool
 from autotune.search.space import decode
 from autotune.search.space import encode
+from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from autotune.config.schema import Constraint
+    from autotune.objectives.goals import Constraint
     from autotune.search.space import Space
 
 # The sampler's own cost stays flat as a study grows (bench/sampler_cost.py): a GP is fitted on

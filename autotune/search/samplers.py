@@ -31,7 +31,7 @@ import optuna
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
-    from autotune.config.schema import Constraint
+    from autotune.objectives.goals import Constraint
     from autotune.search.pool import Pool
     from autotune.search.space import Space
 

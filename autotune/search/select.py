@@ -1,6 +1,6 @@
 """Winner selection among feasible Pareto trials: ``max`` one metric, ``knee``, or ``weighted``.
 
-Pure functions over :class:`~autotune.record.records.Record` (number, params, metrics),
+Pure functions over :class:`~autotune.search.trials.Record` (number, params, metrics),
 tested table-first. The driver re-measures the top candidates side by side and calls :func:`rank` again on the
 re-measured numbers, so noise in the search cannot pick the winner. :func:`search_scalar`
 is the one number the default search (``study.search: single``) optimises: the metric
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from autotune.objectives import get_metric
-from autotune.record.records import Record
+from autotune.search.trials import Record
 
 
 def _norm(records: list[Record], metric: str) -> dict[int, float]:

@@ -1,9 +1,9 @@
 """Compile the YAML search space into Optuna distributions, conditions and rules.
 
-``compile_space(cfg)`` validates every parameter against the engine's declared knobs
-(name, type, allowed values) and every rule against the parameters, and returns a
-:class:`Space`. ``Space.suggest(trial)`` samples one configuration define-by-run, so a
-parameter whose ``when`` is false is never suggested (conditional parameters).
+:func:`build_space` (for :func:`autotune.config.validate.compile_space`) checks each parameter
+against the engine's knobs and each rule against the parameters, and returns a :class:`Space`.
+``Space.suggest(trial)`` samples define-by-run: a parameter whose ``when`` is false is never
+suggested (conditional parameters).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from optuna.distributions import IntDistribution
 
 from autotune.engines.base import Engine
 from autotune.engines.base import Knob
-from autotune.engines.base import get_engine_class
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
+from autotune.registry import get_engine_class
 from autotune.search.rules import Expr
 from autotune.search.rules import Rule
 from autotune.search.rules import compile_expr
@@ -36,7 +36,6 @@ from autotune.search.rules import compile_rule
 if TYPE_CHECKING:
     import optuna
 
-    from autotune.config.schema import Config
 
 PARAM_TYPES = ("int", "float", "categorical", "bool", "fixed")
 _KEYS = {
@@ -305,20 +304,19 @@ def compile_param(name: str, spec: Any, knob: Knob, path: str, known: list[str],
     return Param(name, kind, None, value=value, when=when)
 
 
-def compile_space(cfg: Config) -> Space:
-    """Validate ``cfg.space`` and ``cfg.rules`` against the engine; build the Space."""
-    engine = get_engine_class(cfg.engine.kind)
-    engine.validate_settings(cfg.engine.settings, cfg.engine.variants, "engine")
-    knobs = engine.knobs_for(cfg.engine.settings)
+def build_space(engine_kind: str, settings: dict, variants: dict, spec: dict, rules: list) -> Space:
+    """Validate a space's parameters (``spec``) and ``rules`` against the engine; build the Space."""
+    engine = get_engine_class(engine_kind)
+    engine.validate_settings(settings, variants, "engine")
+    knobs = engine.knobs_for(settings)
     params: dict[str, Param] = {}
-    for name, spec in cfg.space.items():
+    for name, item in spec.items():
         path = f"space.{name}"
         if name not in knobs:
-            raise unknown_name(path, name, knobs, f"knob of engine {cfg.engine.kind}")
-        params[name] = compile_param(name, spec, knobs[name], path, list(params), cfg.engine.variants,
-                                     list(cfg.space))
-    rules = [compile_rule(r, params, f"rules[{i}]") for i, r in enumerate(cfg.rules)]
-    space = Space(params, rules, engine, cfg.engine.settings)
+            raise unknown_name(path, name, knobs, f"knob of engine {engine_kind}")
+        params[name] = compile_param(name, item, knobs[name], path, list(params), variants, list(spec))
+    compiled = [compile_rule(r, params, f"rules[{i}]") for i, r in enumerate(rules)]
+    space = Space(params, compiled, engine, settings)
     _check_rules_satisfiable(space)
     return space
 

@@ -40,15 +40,15 @@ from typing import ClassVar
 
 import pytest
 
-from autotune.engines.base import ENGINES
 from autotune.engines.base import Engine
 from autotune.engines.base import Resources
-from autotune.engines.base import get_engine_class
 from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
 from autotune.measure.spec import QualitySpec
 from autotune.measure.spec import WorkloadSpec
 from autotune.objectives import all_metrics
+from autotune.registry import ENGINES
+from autotune.registry import get_engine_class
 from autotune.testing.procs import children_of
 from autotune.testing.procs import listening_ports
 from autotune.testing.procs import port_open

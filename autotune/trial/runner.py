@@ -17,45 +17,12 @@ from pathlib import Path
 
 from autotune._files import tail
 from autotune._files import write_atomic
+from autotune._process_group import KILL_GRACE_S
+from autotune._process_group import kill_group
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 
-KILL_GRACE_S = 5.0
 GUARD = Path(__file__).with_name("guard.py")  # the trial group's first process
-
-
-def kill_group(pgid: int, grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM a process group, then SIGKILL whatever is left after ``grace_s``."""
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def stop_process(proc: subprocess.Popen, grace_s: float = KILL_GRACE_S) -> None:
-    """Stop a child started with ``start_new_session=True``: SIGTERM its group, wait up to
-    ``grace_s`` for the leader, then SIGKILL the group; the leader is always reaped."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    except ProcessLookupError:
-        proc.wait()
 
 
 def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> TrialResult:

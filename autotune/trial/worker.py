@@ -17,10 +17,10 @@ import traceback
 from pathlib import Path
 
 from autotune._files import write_atomic
-from autotune.engines.base import get_engine_class
 from autotune.errors import InfeasibleConfig
 from autotune.measure.quality import load_text
 from autotune.measure.quality import save_reference
+from autotune.registry import get_engine_class
 from autotune.trial.guard import GUARD_ENV
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec

@@ -99,6 +99,7 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
     from autotune.cli.main import prepare
     from autotune.record import study as studylib
     from autotune.run.driver import Driver
+    from autotune.search import trials as trialslib
     from autotune.search.samplers import make_sampler
 
     t0 = time.monotonic()
@@ -117,7 +118,7 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
         recs = studylib.records(study)
         searched = driver.launcher.placement.runs
         verdict = driver.choose_winner(recs)
-        launched = sorted((r for r in recs if r.kind == studylib.LAUNCHED), key=lambda r: r.number)
+        launched = sorted((r for r in recs if r.kind == trialslib.LAUNCHED), key=lambda r: r.number)
     trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics}
               for r in launched]
     remeasured = sorted(int(n) for n in (verdict.remeasured or {}).get("by_trial", {}))

@@ -20,7 +20,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from autotune.config.schema import load_config
-from autotune.search.space import compile_space
+from autotune.config.validate import compile_space
 from tests.conftest import run_cli
 from tests.conftest import study_overrides
 from tests.helpers.chromium import chromium_or_skip

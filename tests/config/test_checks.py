@@ -130,7 +130,7 @@ def test_context_rule_engines_without_a_context_knob():
 
 @pytest.mark.parametrize("kind", ["exllamav2", "vllm"])
 def test_context_rule_follows_each_engines_context_knob(kind):
-    from autotune.engines.base import get_engine_class
+    from autotune.registry import get_engine_class
 
     knob = get_engine_class(kind).context_knob
     space = {knob: {"type": "categorical", "choices": [256, 8192]}}

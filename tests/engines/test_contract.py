@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.base import ENGINES
 from autotune.engines.base import EngineSettings
-from autotune.engines.base import get_engine_class
+from autotune.registry import ENGINES
+from autotune.registry import get_engine_class
 from autotune.testing.engine_contract import EngineContract
 from autotune.testing.engine_contract import Failure
 

@@ -79,7 +79,7 @@ def test_a_package_that_is_not_installed_is_named(tmp_path: Path) -> None:
 def test_the_exllama_preflights_build_their_kernels(engine: str) -> None:
     import importlib.util
 
-    from autotune.engines.base import get_engine_class
+    from autotune.registry import get_engine_class
 
     cls = get_engine_class(engine)
     assert cls.preflight({}, build=False) == [] and cls.preflight({"build_extension": False}) == []

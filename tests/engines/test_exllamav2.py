@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.base import get_engine_class
 from autotune.engines.exllamav2.engine import ExLlamaV2Engine
 from autotune.engines.exllamav2.engine import filter_modules
 from autotune.engines.exllamav2.engine import load_plan
@@ -17,6 +16,7 @@ from autotune.engines.exllamav2.engine import parse_split
 from autotune.engines.exllamav2.engine import select_skips
 from autotune.engines.exllamav2.engine import skip_candidates
 from autotune.engines.exllamav2.engine import split_reasons
+from autotune.registry import get_engine_class
 
 HYDRA = {"gpus": [{"name": "RTX 5090", "memory_gb": 32}, {"name": "RTX 4090", "memory_gb": 24}]}
 

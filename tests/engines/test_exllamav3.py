@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.engines.base import get_engine_class
 from autotune.engines.exllamav3.engine import ExLlamaV3Engine
 from autotune.engines.exllamav3.plan import cache_bits
 from autotune.engines.exllamav3.plan import failure_reason
@@ -22,6 +21,7 @@ from autotune.engines.exllamav3.predict import cache_bytes
 from autotune.engines.exllamav3.predict import exl3_bits
 from autotune.engines.tabbyapi import schema_main
 from autotune.errors import ConfigError
+from autotune.registry import get_engine_class
 
 HYDRA = {"gpus": [{"name": "RTX 5090", "memory_gb": 32}, {"name": "RTX 4090", "memory_gb": 24}]}
 ONE = {"gpus": [{"name": "RTX 4090", "memory_gb": 24}]}
@@ -36,7 +36,7 @@ def full(settings: dict = HYDRA, **kw) -> dict:
 def test_registry_resolves_exllamav3_without_importing_it() -> None:
     """In a fresh interpreter: an earlier test in this process may have imported torch."""
     assert get_engine_class("exllamav3") is ExLlamaV3Engine
-    code = ("import sys; from autotune.engines.base import get_engine_class; "
+    code = ("import sys; from autotune.registry import get_engine_class; "
             "get_engine_class('exllamav3'); print('exllamav3' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"], out.stdout + out.stderr

@@ -21,14 +21,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from autotune._process_group import stop_process
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.engines.llama_server.build import find_binary
 from autotune.engines.llamacpp.server_flags import argv_reasons
 from autotune.engines.llamacpp.server_flags import load
 from autotune.output.export import write_native
-from autotune.search.space import compile_space
-from autotune.trial.runner import stop_process
 from tests.engines.conftest import VLLM_PYTHON
 
 WINNERISH = {"model": "q4_0", "n_threads": 2, "n_threads_batch": 2, "n_batch": 256, "n_ubatch": 128,

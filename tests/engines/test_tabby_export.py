@@ -124,7 +124,7 @@ def _space_configurations(preset: str):
 
     from autotune.config.compose import compose
     from autotune.config.schema import load_config
-    from autotune.search.space import compile_space
+    from autotune.config.validate import compile_space
 
     cfg = load_config(compose([f"conf={preset}"]))
     space = compile_space(cfg)

@@ -31,9 +31,9 @@ from rich.console import Console  # noqa: E402
 from autotune.config.compose import compose  # noqa: E402
 from autotune.config.schema import Config  # noqa: E402
 from autotune.config.schema import load_config  # noqa: E402
+from autotune.config.validate import compile_space  # noqa: E402
 from autotune.engines.fake import read_records  # noqa: E402
 from autotune.search.space import Space  # noqa: E402
-from autotune.search.space import compile_space  # noqa: E402
 from tests.helpers.procs import process_alive  # noqa: E402
 
 RAY_INIT = {"include_dashboard": False, "log_to_driver": False, "logging_level": "WARNING"}

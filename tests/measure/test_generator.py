@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.engines.base import ENGINES
 from autotune.engines.base import Engine
-from autotune.engines.base import get_engine_class
 from autotune.errors import ConfigError
 from autotune.measure.types import Generator
+from autotune.registry import ENGINES
+from autotune.registry import get_engine_class
 
 MEMBERS = sorted({n for n in vars(Generator) if not n.startswith("_")}
                  | set(Generator.__annotations__))

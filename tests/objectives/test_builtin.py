@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-
-from autotune.measure.types import Generation
-from autotune.measure.workload import generation_metrics
 from autotune.objectives import all_metrics
 from autotune.objectives import get_metric
 from autotune.objectives import register_metric
+
+from autotune.measure.types import Generation
+from autotune.measure.workload import generation_metrics
 
 QUALITY = ("ppl", "ppl_delta", "ppl_delta_pct", "kld_mean", "kld_p99", "same_top_pct")
 ENGINE = ("load_s", "peak_rss_mb", "mem_estimate_mb", "vram_peak_gb", "greedy_match",

@@ -9,11 +9,11 @@ import yaml
 
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.output.export import write_all
-from autotune.record.records import Record
 from autotune.record.summary import StudySummary
 from autotune.search.select import pareto_front
-from autotune.search.space import compile_space
+from autotune.search.trials import Record
 
 
 def _cfg(tmp_path):

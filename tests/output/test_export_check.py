@@ -8,8 +8,8 @@ from pathlib import Path
 
 from autotune._files import insert_comments
 from autotune.engines.base import Engine
-from autotune.engines.base import get_engine_class
 from autotune.output.export import export_reasons
+from autotune.registry import get_engine_class
 
 SCRIPT = ("#!/usr/bin/env sh\n# Winner exported by autotune.\n"
           "llama-server -m {model} --bogus-flag 3 -c 512\n")

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.output.export import write_pareto
 from autotune.output.report import COLUMNS
 from autotune.output.report import _fmt
@@ -29,13 +30,12 @@ from autotune.output.report import render_summary
 from autotune.output.report_html import _cell
 from autotune.output.report_html import _label
 from autotune.output.report_html import verdict_html
-from autotune.record.records import Record
 from autotune.record.studies import read_summary
 from autotune.record.study import records
 from autotune.record.summary import PredictionError
 from autotune.record.summary import StudySummary
 from autotune.search.select import pareto_front
-from autotune.search.space import compile_space
+from autotune.search.trials import Record
 
 
 # ---- the renderers as they were (frozen; do not edit) ----------------------------------------

@@ -9,10 +9,10 @@ import optuna
 import pytest
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.output.report_html import trials_table
 from autotune.record import study as studylib
-from autotune.record.records import Record
-from autotune.search.space import compile_space
+from autotune.search.trials import Record
 from autotune.trial.spec import TrialResult
 
 
@@ -55,8 +55,8 @@ def test_a_one_sample_verdict_reads_not_judged_in_both_reports():
 
     from autotune.output.report import render_summary
     from autotune.output.report_html import verdict_html
-    from autotune.record.records import Record
     from autotune.record.summary import StudySummary
+    from autotune.search.trials import Record
 
     base = Record(0, {"a": 0}, {"decode_tps": 40.0}, violations={"run_ok": 0.0})
     win = Record(4, {"a": 7}, {"decode_tps": 90.0}, violations={"run_ok": 0.0})

@@ -11,7 +11,6 @@ import yaml
 from autotune.config.compose import compose
 from autotune.config.schema import Config
 from autotune.record import study as studylib
-from autotune.record.records import Record
 from autotune.record.studies import CONFIG_FILE
 from autotune.record.studies import best_feasible
 from autotune.record.studies import constraints_as_written
@@ -19,6 +18,8 @@ from autotune.record.studies import read_config
 from autotune.record.studies import read_summary
 from autotune.record.studies import storage_url
 from autotune.record.summary import StudySummary
+from autotune.search import trials as trialslib
+from autotune.search.trials import Record
 
 
 def _write_config(d, name="t", file=CONFIG_FILE):
@@ -73,8 +74,8 @@ def test_user_attrs_are_written_and_read_through_record_study():
     t2 = st.ask()
     studylib.mark_launched(t2, {"x": 2}, None)
     st.tell(t2, 2.0)
-    a, b = (studylib.trial_attrs(x) for x in st.trials)
-    assert a.kind == studylib.LAUNCHED and a.params == {"x": 1} and a.prediction["need_gb"] == [1.0]
+    a, b = (trialslib.trial_attrs(x) for x in st.trials)
+    assert a.kind == trialslib.LAUNCHED and a.params == {"x": 1} and a.prediction["need_gb"] == [1.0]
     assert b.prediction is None and b.status is None and b.metrics == {} and b.reason == ""
     assert studylib.copied_attrs(st.trials[1]) == {"kind": "launched", "params": {"x": 2}}
     assert studylib.study_attr(st, studylib.FINGERPRINT) is None

@@ -8,12 +8,13 @@ from optuna.trial import TrialState
 
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.errors import ConfigError
 from autotune.record import study as studylib
+from autotune.search import trials as trialslib
 from autotune.search.samplers import make_sampler
 from autotune.search.select import pareto_front
 from autotune.search.space import baseline_params
-from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
 
 
@@ -135,12 +136,12 @@ def test_pareto_front_comes_from_measured_metrics_not_from_told_values(tmp_path)
 
 def test_kinds_count_only_launched_trials(tmp_path):
     cfg, _, st = _study(tmp_path)
-    for kind, result in ((studylib.LAUNCHED, _ok(0, 80.0, 100.0)),
-                         (studylib.REJECTED, TrialResult(1, "infeasible", reason="rule: x")),
-                         (studylib.DUPLICATE, _ok(2, 80.0, 100.0)),
-                         (studylib.LAUNCHED, TrialResult(3, "failed", reason="boom"))):
+    for kind, result in ((trialslib.LAUNCHED, _ok(0, 80.0, 100.0)),
+                         (trialslib.REJECTED, TrialResult(1, "infeasible", reason="rule: x")),
+                         (trialslib.DUPLICATE, _ok(2, 80.0, 100.0)),
+                         (trialslib.LAUNCHED, TrialResult(3, "failed", reason="boom"))):
         studylib.tell(st, st.ask(), cfg, {}, result, kind=kind)
-    studylib.tell_fail(st, st.ask(), {"a": 1}, studylib.INTERRUPTED, "interrupted")
+    studylib.tell_fail(st, st.ask(), {"a": 1}, trialslib.INTERRUPTED, "interrupted")
     assert studylib.n_launched(st) == 2 and studylib.n_finished(st) == 5
     assert [r.kind for r in studylib.records(st)] == ["launched", "rejected", "duplicate", "launched",
                                                      "interrupted"]
@@ -153,9 +154,9 @@ def test_interrupted_trial_is_requeued_once_with_its_configuration(tmp_path):
     studylib.enqueue_initial(st, space, baseline_params(space, cfg.engine.variants), [])
     t = st.ask()  # trial 0 launched, then the driver is killed: it stays RUNNING
     params = space.suggest(t)
-    t.set_user_attr("kind", studylib.LAUNCHED)
+    t.set_user_attr("kind", trialslib.LAUNCHED)
     st2, resumed = studylib.open_study(cfg, make_sampler("tpe", 0, space, 10))
-    assert resumed and st2.trials[0].user_attrs["kind"] == studylib.INTERRUPTED
+    assert resumed and st2.trials[0].user_attrs["kind"] == trialslib.INTERRUPTED
     assert studylib.n_launched(st2) == 0  # the interrupted run does not count
     assert studylib.requeue_interrupted(st2) == [0]
     assert studylib.requeue_interrupted(st2) == []  # not twice

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from autotune.record.records import Record
 from autotune.record.summary import PredictionError
 from autotune.record.summary import StudySummary
 from autotune.record.summary import Verdict
 from autotune.record.summary import prediction_error
+from autotune.search.trials import Record
 
 BASE = Record(0, {"n_threads": 1}, {"decode_tps": 70.0}, violations={"run_ok": 0.0})
 WIN = Record(4, {"n_threads": 2}, {"decode_tps": 90.0}, violations={"run_ok": 0.0})

@@ -16,6 +16,7 @@ import pytest
 from rich.console import Console
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.output.report import Reporter
 from autotune.record.study import records
 from autotune.record.summary import StudySummary
@@ -23,7 +24,6 @@ from autotune.run.driver import Driver
 from autotune.run.placement import Placement
 from autotune.search.design import config_key
 from autotune.search.select import pareto_front
-from autotune.search.space import compile_space
 from tests.helpers.ray_cluster import WhenStarted
 from tests.helpers.ray_cluster import fake_config
 from tests.helpers.ray_cluster import run_study

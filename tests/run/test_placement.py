@@ -181,10 +181,8 @@ def test_fits(need, cap, n):
 
 def test_resource_plan_flags_demands_that_never_fit(tmp_path):
     from autotune.run.cluster import resource_plan
-    from autotune.run.cluster import unschedulable
 
     cfg, space = fake_config(tmp_path, ["ray.num_gpus=1"])
-    assert unschedulable(cfg, space) == ["CPU 1, GPU 2"]
     plan = "\n".join(resource_plan(cfg, space))
     assert "CPU 1, GPU 2: 50% of configs, NEVER fits" in plan
     assert "CPU 1, GPU 1: 50% of configs, 1 at once" in plan

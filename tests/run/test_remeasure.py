@@ -8,10 +8,10 @@ import html
 import json
 
 import pytest
+from autotune.objectives.goals import Constraint
 
-from autotune.config.schema import Constraint
-from autotune.record.records import Record
 from autotune.run.remeasure import tail_spikes
+from autotune.search.trials import Record
 from tests.conftest import ROOT
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here

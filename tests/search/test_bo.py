@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.record import study as studylib
 from autotune.search.batch import length_scale
 from autotune.search.bo import _GP
@@ -26,7 +27,6 @@ from autotune.search.design import has_speed_prior
 from autotune.search.design import ranks_by_speed
 from autotune.search.pool import build_pool
 from autotune.search.pool import featurize
-from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
 
 

@@ -9,12 +9,12 @@ import numpy as np
 import optuna
 import pytest
 
+from autotune.config.validate import compile_space
 from autotune.record import study as studylib
 from autotune.search import batch as batchlib
 from autotune.search.bo import PoolSampler
 from autotune.search.design import config_key
 from autotune.search.pool import build_pool
-from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
 from tests.search.test_bo import _config
 from tests.search.test_bo import metrics

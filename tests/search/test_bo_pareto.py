@@ -14,6 +14,7 @@ import optuna
 import pytest
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.record import study as studylib
 from autotune.search.bo import PoolSampler
 from autotune.search.design import config_key
@@ -21,7 +22,6 @@ from autotune.search.front import log_ehvi
 from autotune.search.front import nondominated
 from autotune.search.front import reference
 from autotune.search.pool import build_pool
-from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
 
 

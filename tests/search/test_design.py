@@ -14,6 +14,7 @@ from rich.console import Console
 
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.engines.base import Knob
 from autotune.output.report import Reporter
 from autotune.run.driver import Driver
@@ -27,7 +28,6 @@ from autotune.search.design import from_unit
 from autotune.search.design import startup_design
 from autotune.search.space import baseline_params
 from autotune.search.space import compile_param
-from autotune.search.space import compile_space
 
 
 def _space(*overrides: str):

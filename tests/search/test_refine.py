@@ -13,6 +13,7 @@ import optuna
 import pytest
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.record import study as studylib
 from autotune.search import bo
 from autotune.search import refine
@@ -21,7 +22,6 @@ from autotune.search.design import config_key
 from autotune.search.pool import Pool
 from autotune.search.pool import build_pool
 from autotune.search.pool import featurize
-from autotune.search.space import compile_space
 from autotune.trial.spec import TrialResult
 
 EDGE = 0.8137  # util above this crashes (CUDA graphs no longer fit outside the budget)

@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from autotune.record.records import Record
 from autotune.search.select import pareto_front
 from autotune.search.select import rank
 from autotune.search.select import search_direction
 from autotune.search.select import search_scalar
+from autotune.search.trials import Record
 
 
 def rec(number: int, tps: float, ttft: float, **extra: float) -> Record:

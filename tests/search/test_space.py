@@ -16,13 +16,13 @@ from optuna.distributions import FloatDistribution
 from optuna.distributions import IntDistribution
 
 from autotune.config.schema import load_config
+from autotune.config.validate import compile_space
 from autotune.engines.base import Knob
 from autotune.errors import ConfigError
 from autotune.record.study import enqueue_initial
 from autotune.search.samplers import make_sampler
 from autotune.search.space import baseline_params
 from autotune.search.space import compile_param
-from autotune.search.space import compile_space
 from autotune.search.space import decode
 from autotune.search.space import encode
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.base import get_engine_class
+from autotune.registry import get_engine_class
 from autotune.tools.gpu_check import DRAFT
 from autotune.tools.gpu_check import TARGET
 from autotune.tools.gpu_check import Case
@@ -108,7 +108,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ImportError("not on the GPU machine: " + name)
 sys.meta_path.insert(0, Block())
 import autotune.tools.gpu_check, autotune.trial.worker
-from autotune.engines.base import get_engine_class
+from autotune.registry import get_engine_class
 get_engine_class("exllamav2"), get_engine_class("llamacpp")
 """
 

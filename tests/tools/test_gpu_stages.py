@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.base import get_engine_class
+from autotune.registry import get_engine_class
 from autotune.tools.gpu_check import Row
 from autotune.tools.gpu_check import exl3_cases
 from autotune.tools.gpu_check import main

@@ -102,11 +102,6 @@ def infeasible_reason(tail: str) -> str | None:
     return None
 
 
-def default_python(settings: dict | None = None) -> str:
-    """vLLM's interpreter, chosen by device (:func:`autotune.engines.vllm.gpu.choose_python`)."""
-    return choose_python(settings or {"device": "cpu"})
-
-
 def speculative_config(p: dict, draft_path: str | None) -> dict | None:
     """The ``--speculative-config`` dict for the trial (None when speculative is none)."""
     method = p.get("speculative") or "none"

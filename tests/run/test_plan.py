@@ -111,7 +111,7 @@ def test_dry_run_in_process_matches_the_space():
     from rich.console import Console
 
     from autotune.cli.main import prepare
-    from autotune.output.plan import print_plan
+    from autotune.run.plan import print_plan
 
     cfg, space, baseline = prepare(["conf=command_example", "space.draft_k.high=4"], None, True)
     console = Console(record=True, width=200)
