@@ -95,7 +95,7 @@ def this_box(gpus: str | None, engine: str) -> Box:
 def read_models(args: list[str]) -> ModelSet:
     if args:
         return group_models([read_model(a) for a in args])
-    from autotune.cli.doctor import shipped_model
+    from autotune.engines.llamacpp.doctor import shipped_model
 
     shipped = shipped_model()
     if shipped is None:

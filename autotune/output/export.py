@@ -85,8 +85,8 @@ def _referenced_variants(cfg: Config, space: Space, params: dict[str, Any]) -> l
         full = {**engine.default_params(cfg.engine.settings, cfg.engine.variants), **params}
     except Exception:  # noqa: BLE001 - an engine without defaults: the params alone
         full = dict(params)
-    return list(dict.fromkeys(v for k, v in full.items() if (k == "model" or k.endswith("_model"))
-                              and isinstance(v, str) and v in cfg.engine.variants))
+    return list(dict.fromkeys(full[k] for k in engine.variant_knobs(full)
+                              if isinstance(full[k], str) and full[k] in cfg.engine.variants))
 
 
 def export_reasons(engine: type[Engine], files: list[Path]) -> list[str]:

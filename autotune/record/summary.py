@@ -21,6 +21,8 @@ from typing import Any
 
 from autotune.engines.predict import Prediction
 from autotune.engines.predict import compare
+from autotune.errors import ConfigError
+from autotune.registry import get_engine_class
 from autotune.search.trials import Record
 
 # keys of summary.json written only when known (older summaries lack them too)
@@ -143,13 +145,12 @@ def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionErr
         speed_over_bound=sum(r > 1.05 for r in ratio),
     )
 
-# What trial 0 (the baseline) is, by engine: the speed-up is stated over these defaults.
-BASELINE_LABELS = {"llama_server": "llama-server's defaults"}
-
-
 def baseline_label(engine: str) -> str:
-    """How the summary names the baseline of ``engine`` ("the engine defaults" unless known)."""
-    return BASELINE_LABELS.get(engine, "the engine defaults")
+    """How the summary names the baseline of ``engine`` (its ``Engine.baseline_label``)."""
+    try:
+        return get_engine_class(engine).baseline_label
+    except ConfigError:  # a study recorded by an engine this install no longer has
+        return "the engine defaults"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,18 +13,18 @@ import sys
 
 import pytest
 
-from autotune.cli._checks import Check
 from autotune.cli._checks import check_mlflow
-from autotune.cli._checks import check_vllm
 from autotune.cli._checks import physical_cores
-from autotune.cli._llama_build import DECODED
-from autotune.cli._llama_build import FACTS
-from autotune.cli._llama_build import cpu_flags
-from autotune.cli._llama_build import decode_check
-from autotune.cli._llama_build import offload_check
-from autotune.cli._llama_build import rebuild_command
-from autotune.cli._llama_build import smoke_decode
 from autotune.cli.doctor import blocking
+from autotune.engines.doctor import Check
+from autotune.engines.llamacpp.doctor import DECODED
+from autotune.engines.llamacpp.doctor import FACTS
+from autotune.engines.llamacpp.doctor import cpu_flags
+from autotune.engines.llamacpp.doctor import decode_check
+from autotune.engines.llamacpp.doctor import offload_check
+from autotune.engines.llamacpp.doctor import rebuild_command
+from autotune.engines.llamacpp.doctor import smoke_decode
+from autotune.engines.vllm.gpu import check_vllm
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here
 

@@ -31,6 +31,9 @@ from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.cuda_ext import EXLLAMAV2
+from autotune.engines.doctor import Check
+from autotune.engines.doctor import check_exllama
+from autotune.engines.doctor import installed_check
 from autotune.engines.exllamav2.plan import CACHE_CLASSES  # noqa: F401
 from autotune.engines.exllamav2.plan import CACHE_MODES  # noqa: F401
 from autotune.engines.exllamav2.plan import MAX_Q_SIZE  # noqa: F401
@@ -87,6 +90,7 @@ class ExLlamaV2Engine(Engine):
     """
 
     name = "exllamav2"
+    needs_gpu = True
     predictor = "autotune.engines.exllamav2.predict:predict_exllamav2"
     context_knob = "max_seq_len"
     cuda_kernels = EXLLAMAV2  # built in the pre-flight, outside any trial
@@ -107,6 +111,15 @@ class ExLlamaV2Engine(Engine):
         "paged": Knob("bool", doc="paged generator (needs flash-attn); unset = paged when available",
                       spelling="ExLlamaV2DynamicGenerator(paged=...)"),
     }
+
+
+    @classmethod
+    def doctor_checks(cls, model: Path | None = None) -> list[Check]:
+        return check_exllama()
+
+    @classmethod
+    def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
+        return installed_check("exllamav2", "pip install 'autotune[gpu]'")
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:

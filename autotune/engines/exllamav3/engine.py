@@ -28,6 +28,9 @@ from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.cuda_ext import EXLLAMAV3
+from autotune.engines.doctor import Check
+from autotune.engines.doctor import check_exllama
+from autotune.engines.doctor import installed_check
 from autotune.engines.exllamav2.engine import generation_from_results
 from autotune.engines.exllamav2.plan import gpus_of
 from autotune.engines.exllamav2.plan import job_args
@@ -101,6 +104,7 @@ class ExLlamaV3Engine(Engine):
     """ExLlamaV3's Generator in-process in the trial worker (CUDA only), batched by one pump."""
 
     name = "exllamav3"
+    needs_gpu = True
     predictor = "autotune.engines.exllamav3.predict:predict_exllamav3"
     context_knob = "max_seq_len"
     cuda_kernels = EXLLAMAV3  # built in the pre-flight, outside any trial
@@ -108,6 +112,15 @@ class ExLlamaV3Engine(Engine):
     supports_quality = False  # logprobs are not wired up for exllamav3 yet
     quality_hint = "the exllamav3 engine does not expose logits yet"
     knobs = KNOBS
+
+
+    @classmethod
+    def doctor_checks(cls, model: Path | None = None) -> list[Check]:
+        return check_exllama()
+
+    @classmethod
+    def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
+        return installed_check("exllamav3", "pip install exllamav3")
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:

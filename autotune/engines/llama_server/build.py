@@ -29,6 +29,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from autotune.engines.doctor import Check
 from autotune.engines.variants import cache_dir as models_dir
 
 TARGETS = ("llama-server", "llama-bench")
@@ -224,6 +225,17 @@ def ensure_binary(configured: str | None = None, show: bool = True) -> Path:
     if configured:
         raise BuildError(f"engine.settings.binary={configured!r} is not an executable file")
     return build(show=show)
+
+
+def check_llama_server() -> list[Check]:
+    """The llama-server binary the engine would use (on PATH or built in the cache)."""
+    eng = ("llama_server",)
+    path = find_binary()
+    if path:
+        return [Check("llama-server", "ok", str(path), "", eng)]
+    return [Check("llama-server", "warn", "no llama-server binary (on PATH or built in the cache); "
+                  "built before the first llama_server trial", "python -m "
+                  "autotune.engines.llama_server.build", eng)]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,9 @@ from autotune._files import write_atomic
 from autotune.engines._openai_stream import HOST
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.doctor import Check
 from autotune.engines.llama_server.build import BuildError
+from autotune.engines.llama_server.build import check_llama_server
 from autotune.engines.llama_server.build import ensure_binary
 from autotune.engines.llama_server.build import find_binary
 from autotune.engines.llama_server.knobs import FLAGS
@@ -91,6 +93,7 @@ class LlamaServerEngine(OpenAIServerEngine):
     """``llama-server`` per trial; requests batched in its slots (no concurrency limit here)."""
 
     name = "llama_server"
+    baseline_label = "llama-server's defaults"
     settings_schema: type = LlamaServerSettings
     predictor = "autotune.engines.llama_server.predict:predict_llama_server"
     context_knob = "ctx_size"
@@ -100,6 +103,11 @@ class LlamaServerEngine(OpenAIServerEngine):
     max_concurrency = None
 
     # ---- driver side: pure -------------------------------------------------------
+
+    @classmethod
+    def doctor_checks(cls, model: Path | None = None) -> list[Check]:
+        return check_llama_server()
+
     @classmethod
     def knobs_for(cls, settings: dict) -> dict[str, Knob]:
         return cls.knobs

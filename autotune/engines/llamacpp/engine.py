@@ -1,18 +1,13 @@
-"""llama.cpp through llama-cpp-python, in-process in the trial worker.
+"""llama.cpp through llama-cpp-python, in-process in the trial worker (one request at a time).
 
-Knob spellings follow ``llama_cpp.Llama`` (ENGINE_KNOBS.md §4.1); the export writes the
-same configuration as ``Llama(...)`` keyword arguments and as a ``llama-server`` command.
-Speculative decoding is llama-cpp-python's prompt-lookup drafter (``draft: prompt_lookup``,
-``draft_k`` = num_pred_tokens); a second-model draft exists only in llama-server.
-
-The in-process ``Llama`` serves one request at a time (``max_concurrency = 1``). With the
-prompt-lookup drafter, :meth:`LlamaCppEngine.measure` re-generates the measured prompts
-greedily without the drafter and reports ``greedy_match`` (1.0 when every token id is
-identical); the mismatches go to ``engine.info["greedy_mismatch"]``. Before loading, the
-model + KV memory is estimated from the GGUF header (``mem_estimate_mb``); with
-``n_gpu_layers > 0`` the GPUs' used memory is sampled through NVML (``vram_peak_gb``).
+Knob spellings follow ``llama_cpp.Llama`` (ENGINE_KNOBS.md §4.1); the export writes the same
+configuration as ``Llama(...)`` keyword arguments and as a ``llama-server`` command. Speculative
+decoding is llama-cpp-python's prompt-lookup drafter (``draft: prompt_lookup``, ``draft_k``);
+:meth:`LlamaCppEngine.measure` then re-generates the measured prompts greedily without it and
+reports ``greedy_match`` (1.0 when every token id is identical; mismatches in
+``engine.info["greedy_mismatch"]``). Before loading, model + KV memory is estimated from the GGUF
+header (``mem_estimate_mb``); with ``n_gpu_layers > 0`` NVML samples VRAM (``vram_peak_gb``).
 """
-
 from __future__ import annotations
 
 import json
@@ -29,6 +24,8 @@ from autotune.engines.base import Engine
 from autotune.engines.base import EngineSettings
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.doctor import Check
+from autotune.engines.llamacpp import doctor
 from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
 from autotune.engines.llamacpp.gguf_memory import peak_rss_mb
 from autotune.engines.llamacpp.gpu import decode_failure_reason
@@ -94,6 +91,14 @@ class LlamaCppEngine(Engine):
         "prefix_cache": Knob("bool", doc="reuse the KV of the previous request's common prefix "
                              "(multi-turn chats; llama-server's prompt cache)"),
     }
+
+    @classmethod
+    def doctor_checks(cls, model: Path | None = None) -> list[Check]:
+        return doctor.doctor_checks(model)
+
+    @classmethod
+    def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
+        return doctor.gate_checks(wants_gpu="n_gpu_layers" in space or bool(settings.get("n_gpu_layers")))
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class TabbyAPIEngine(OpenAIServerEngine):
     """TabbyAPI started from the user's checkout with the trial's ``config.yml``."""
 
     name = "tabbyapi"
+    needs_gpu = True
     settings_schema = TabbyAPISettings
     context_knob = "max_seq_len"
     default_health_path = "/health"

@@ -30,11 +30,13 @@ from typing import Any
 from autotune._files import write_atomic
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
+from autotune.engines.doctor import Check
 from autotune.engines.openai_server import OpenAIServerEngine
 from autotune.engines.openai_server import ServerSettings
 from autotune.engines.vllm.gpu import VENV_PYTHON  # noqa: F401 - re-exported
 from autotune.engines.vllm.gpu import accept_rate
 from autotune.engines.vllm.gpu import batch_defaults
+from autotune.engines.vllm.gpu import check_vllm
 from autotune.engines.vllm.gpu import choose_python
 from autotune.engines.vllm.gpu import python_reasons
 from autotune.engines.vllm.gpu import spec_counters
@@ -156,6 +158,15 @@ class VLLMEngine(OpenAIServerEngine):
     default_startup_timeout_s = 300.0
 
     # ---- driver side: pure -------------------------------------------------------
+
+    @classmethod
+    def doctor_checks(cls, model: Path | None = None) -> list[Check]:
+        return check_vllm()
+
+    @classmethod
+    def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
+        return [] if settings.get("python") else check_vllm()  # a given interpreter is its user's
+
     @classmethod
     def knobs_for(cls, settings: dict) -> dict[str, Knob]:
         return cls.knobs

@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from autotune.engines.doctor import Check
+
 VENV_PYTHON = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
 GIB = float(1 << 30)
 DRAFTED = "vllm:spec_decode_num_draft_tokens"
@@ -135,3 +137,16 @@ def vram_need_gb(peak_gb: float, log_text: str, tensor_parallel_size: int = 1) -
     need = max(peak_gb - unused, 0.0)
     return need, (f"sampled peak {peak_gb:.2f} GiB less {unused:.2f} GiB of KV pool beyond one "
                   f"max_model_len request (pool {pool:g} GiB/rank, {c:g}x concurrency)")
+
+
+def check_vllm() -> list[Check]:
+    """vLLM found in this interpreter (CUDA or CPU build) or in the project's CPU venv."""
+    here = vllm_build(sys.executable)
+    venv = vllm_build(VENV_PYTHON) if VENV_PYTHON.exists() else None
+    found = [f"CPU build in {VENV_PYTHON.parent.parent}"] if venv else []
+    if here:
+        found.append(f"{'CUDA' if here == 'gpu' else 'CPU'} build in this interpreter")
+    if found:
+        return [Check("vLLM", "ok", "; ".join(found), "", ("vllm",))]
+    return [Check("vLLM", "fail", f"no vLLM here nor in {VENV_PYTHON.parent.parent}",
+                  "bash .ci/install_vllm.sh (CPU) or pip install vllm (CUDA)", ("vllm",))]

