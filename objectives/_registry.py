@@ -7,6 +7,7 @@ under ``objectives_modules`` in the config); the driver never names a metric its
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +43,13 @@ class Metric:
     def better(self, a: float, b: float) -> bool:
         """True if ``a`` is strictly better than ``b``."""
         return a > b if self.higher_is_better else a < b
+
+    def speedup(self, value: float | None, base: float | None) -> float | None:
+        """How many times better ``value`` is than ``base`` (the winner over the baseline: the
+        one speed-up every report shows); None when either is missing, zero or not finite."""
+        if not value or not base or not math.isfinite(value) or not math.isfinite(base):
+            return None
+        return value / base if self.higher_is_better else base / value
 
 
 _REGISTRY: dict[str, Metric] = {}

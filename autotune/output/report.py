@@ -60,13 +60,11 @@ class Reporter:
 
     # ---- progress bar ------------------------------------------------------------------
     def _best_text(self) -> str:
-        from autotune.record.studies import speedup
-
         sel = self.cfg.select.metric
         if self.best is None:
             return f"best {sel} -"
         unit = get_metric(sel).unit
-        x = speedup(self.best, self.base, sel)
+        x = get_metric(sel).speedup(self.best, self.base)
         return f"best {sel} {_fmt(self.best)} {unit}" + (f" ({x:.2f}x trial 0)" if x else "")
 
     def _bar(self, what: str, total: int, done: int) -> None:

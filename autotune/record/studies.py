@@ -164,17 +164,9 @@ def best_feasible(records: list[Record], metric: str) -> Record | None:
     return best
 
 
-def speedup(best: float | None, base: float | None, metric: str) -> float | None:
-    """How many times better ``best`` is than ``base`` under the metric's direction."""
-    from autotune.objectives import get_metric
-
-    if not best or not base or not math.isfinite(best) or not math.isfinite(base):
-        return None
-    return best / base if get_metric(metric).higher_is_better else base / best
-
-
 def state_of(path: Path) -> StudyState:
     """Progress, best so far and whether the study runs, from its files."""
+    from autotune.objectives import get_metric
     from autotune.record.study import records
 
     config = read_config(path)
@@ -194,6 +186,6 @@ def state_of(path: Path) -> StudyState:
     return StudyState(
         name=config.study.name, path=path, done=len(recs), total=config.study.n_trials,
         feasible=sum(r.feasible for r in recs), best=value, best_trial=best.number if best else None,
-        metric=metric, speedup=speedup(value, base.metrics.get(metric) if base else None, metric),
+        metric=metric, speedup=get_metric(metric).speedup(value, base.metrics.get(metric) if base else None),
         state=state,
     )

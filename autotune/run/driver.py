@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -397,10 +396,9 @@ class Driver:
         baseline = verdict.baseline_remeasured or baseline
         speedup, source = verdict.speedup, verdict.speedup_source
         if winner and baseline and speedup is None:
-            b, w = baseline.metrics.get(sel.metric), winner.metrics.get(sel.metric)
-            if b and w and math.isfinite(b) and math.isfinite(w):
-                speedup = w / b if get_metric(sel.metric).higher_is_better else b / w
-                source = "search"
+            speedup = get_metric(sel.metric).speedup(winner.metrics.get(sel.metric),
+                                                     baseline.metrics.get(sel.metric))
+            source = "search" if speedup is not None else source
         attrs = {t.number: trialslib.trial_attrs(t) for t in study.get_trials(deepcopy=False)}
         summary = StudySummary(
             study=cfg.study.name, engine=cfg.engine.kind, interrupted=interrupted, search=cfg.study.search,

@@ -156,8 +156,8 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
     if baseline is not None and baseline.number in samples and samples[baseline.number]:
         b = summarize(samples[baseline.number]).median
         w = summarize(samples[winner.number]).median
-        if b and math.isfinite(b) and math.isfinite(w):
-            kw["speedup"] = w / b if get_metric(sel.metric).higher_is_better else b / w
+        kw["speedup"] = get_metric(sel.metric).speedup(w, b)
+        if kw["speedup"] is not None:
             kw["speedup_source"] = "re-measured side by side"
             if winner.number != baseline.number:  # the baseline won: no lead to judge
                 kw["speedup_within_noise"] = within_noise(samples[winner.number], samples[baseline.number])

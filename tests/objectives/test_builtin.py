@@ -40,3 +40,17 @@ def test_reregistering_differently_fails():
     assert register_metric(m.name, m.unit, m.direction, m.description) == m  # idempotent
     with pytest.raises(ValueError, match="already registered"):
         register_metric("decode_tps", "tok/s", "minimize", "wrong")
+
+
+@pytest.mark.parametrize(("metric", "value", "base", "want"), [
+    ("decode_tps", 60.0, 40.0, 1.5),          # higher is better: value / base
+    ("ttft_p95_ms", 100.0, 150.0, 1.5),       # lower is better: base / value
+    ("decode_tps", 30.0, 40.0, 0.75),         # a slower winner is a ratio below 1, not hidden
+    ("decode_tps", None, 40.0, None),
+    ("decode_tps", 60.0, 0.0, None),
+    ("ttft_p95_ms", float("inf"), 150.0, None),
+    ("ttft_p95_ms", 100.0, float("nan"), None),
+])
+def test_the_one_speedup_follows_the_metrics_direction(metric, value, base, want):
+    got = get_metric(metric).speedup(value, base)
+    assert got == pytest.approx(want) if want is not None else got is None
