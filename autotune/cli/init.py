@@ -2,9 +2,9 @@
 for this box and these models, which ``autotune run --config-dir DIR conf=NAME`` runs as is.
 
 It reads the models (GGUF headers; EXL2/EXL3 ``config.json`` + quantization config,
-:mod:`autotune.cli._model_files`), the hardware (cores, RAM and its bandwidth, GPUs through
+:mod:`autotune.engines.model_files`), the hardware (cores, RAM and its bandwidth, GPUs through
 NVML or ``--gpus``, llama-cpp-python's GPU offload), chooses the space with a comment on every
-range (:mod:`autotune.cli._presets`), validates the result exactly as ``autotune run`` would,
+range (:mod:`autotune.engines.presets`), validates the result exactly as ``autotune run`` would,
 writes ``DIR/NAME.yaml`` atomically and prints its ``--dry-run`` plan. Without MODEL it uses
 the gemma-3 270M GGUF shipped on PyPI. It prompts only with ``--ask``. Bad input (a missing
 model, a directory that is no model, an unknown engine, an unwritable ``--out``, an existing
@@ -21,22 +21,19 @@ from pathlib import Path
 from autotune._files import write_atomic
 from autotune.cli._checks import physical_cores
 from autotune.cli._checks import writable_dir
-from autotune.cli._model_files import ModelSet
-from autotune.cli._model_files import group_models
-from autotune.cli._model_files import read_model
-from autotune.cli._presets import Box
-from autotune.cli._presets import exllamav2_preset
-from autotune.cli._presets import llama_server_preset
-from autotune.cli._presets import llamacpp_preset
+from autotune.engines.model_files import ModelSet
+from autotune.engines.model_files import group_models
+from autotune.engines.model_files import read_model
+from autotune.engines.presets import Box
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
 from autotune.hardware import cpu_count
 from autotune.registry import ENGINES
+from autotune.registry import get_engine_class
 
 DESCRIPTION = ("Write DIR/NAME.yaml for this box and these models (GGUF files or EXL2 directories), "
                "validated, then print its --dry-run plan; `autotune run --config-dir DIR conf=NAME` "
                "runs it as is.")
-SUPPORTED = {"llamacpp": ("gguf",), "exllamav2": ("exl2",), "llama_server": ("gguf",)}
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 
 
@@ -72,24 +69,21 @@ def parse_gpus(spec: str) -> tuple[dict, ...]:
     return tuple(gpu_table({"gpus": gpus}))
 
 
-def _offload() -> bool | None:
-    try:
-        import llama_cpp
-
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:  # noqa: BLE001 - not installed or broken: doctor says which
-        return None
+def supported() -> dict[str, tuple[str, ...]]:
+    """Each engine ``init`` writes presets for, and the model formats it reads (its
+    ``Engine.model_formats``), in the registry's order."""
+    formats = {kind: get_engine_class(kind).model_formats for kind in ENGINES}
+    return {kind: f for kind, f in formats.items() if f}
 
 
-def this_box(gpus: str | None, engine: str) -> Box:
+def this_box(gpus: str | None) -> Box:
     """The hardware facts of this machine (GPUs from ``--gpus`` when given)."""
     from autotune.engines.predict import gpu_table
     from autotune.engines.predict import ram_available_gb
     from autotune.engines.predict import ram_bandwidth_gbps
 
     table = parse_gpus(gpus) if gpus else tuple(gpu_table({}))
-    return Box(physical_cores(), cpu_count(), ram_available_gb(), ram_bandwidth_gbps({}), table,
-               _offload() if engine == "llamacpp" and table else None)
+    return Box(physical_cores(), cpu_count(), ram_available_gb(), ram_bandwidth_gbps({}), table)
 
 
 def read_models(args: list[str]) -> ModelSet:
@@ -108,45 +102,22 @@ def choose_engine(engine: str | None, ms: ModelSet) -> str:
     fmt = ms.best.format
     if engine is not None and engine not in ENGINES:
         raise unknown_name("--engine", engine, ENGINES, "engine")
-    if engine is not None and engine not in SUPPORTED:
-        raise ConfigError("--engine", engine, "init writes presets for " + ", ".join(SUPPORTED)
+    writers = supported()
+    if engine is not None and engine not in writers:
+        raise ConfigError("--engine", engine, "init writes presets for " + ", ".join(writers)
                           + "; start from a shipped preset for the others (README: Presets)")
-    found = next((e for e, fmts in SUPPORTED.items() if fmt in fmts), None)
+    found = next((e for e, fmts in writers.items() if fmt in fmts), None)
     if found is None:
         raise ConfigError("MODEL", str(ms.best.path), f"{fmt.upper()} has no autotune engine yet "
                           "(ExLlamaV2 loads EXL2; EXL3 needs ExLlamaV3/TabbyAPI main)")
-    if engine is not None and fmt not in SUPPORTED[engine]:
+    if engine is not None and fmt not in writers[engine]:
         raise ConfigError("--engine", engine, f"{ms.best.path.name} is {fmt.upper()}, which {found} runs")
     return engine or found
 
 
-def _exl2_predictor(ms: ModelSet, box: Box):
-    from autotune.engines.exllamav2.predict import predict_exllamav2
-    from autotune.registry import get_engine_class
-
-    cls = get_engine_class("exllamav2")
-    variants = {v.name: {"path": str(v.path), "bpw": v.bpw} for v in ms.variants}
-    settings = {"gpus": [dict(g) for g in box.gpus]}
-
-    def fits(variant: str, split: str) -> bool | None:
-        p = cls.full_params({"model": variant, "gpu_split": split, "cache_mode": "Q4"}, settings, variants)
-        return predict_exllamav2(p, settings, variants).fits
-
-    return fits
-
-
 def build(ms: ModelSet, engine: str, box: Box, name: str, out_dir: Path) -> str:
-    """The preset's YAML text for ``ms`` on ``box``."""
-    if engine == "llamacpp":
-        from autotune.engines.llamacpp.gguf_memory import gguf_shape
-
-        return llamacpp_preset(ms, box, gguf_shape(ms.best.path), name, str(out_dir))
-    if engine == "llama_server":
-        return llama_server_preset(ms, box, name, str(out_dir))
-    if not box.gpus:
-        raise ConfigError("--gpus", None, "ExLlamaV2 runs on NVIDIA GPUs and NVML found none here; "
-                          "name the GPUs of the box that will run it, e.g. --gpus 'RTX 4090:24'")
-    return exllamav2_preset(ms, box, name, str(out_dir), _exl2_predictor(ms, box))
+    """The preset's YAML text for ``ms`` on ``box``: the engine's own (``Engine.init_preset``)."""
+    return get_engine_class(engine).init_preset(ms, box, name, str(out_dir))
 
 
 def check_preset(text: str, name: str):
@@ -196,7 +167,7 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise ConfigError("--out", args.out, "not writable by this user; give another folder")
     if target.exists() and not args.force:
         raise ConfigError("--name", name, f"{target} exists; choose another --name or pass --force")
-    text = build(ms, engine, this_box(args.gpus, engine), name, out_dir)
+    text = build(ms, engine, this_box(args.gpus), name, out_dir)
     cfg, space, baseline = check_preset(text, name)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

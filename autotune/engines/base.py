@@ -64,6 +64,8 @@ class Engine:
 
     name: ClassVar[str] = ""
     predictor: ClassVar[str] = ""  # "module:function(full_params, settings, variants) -> Prediction"
+    presetter: ClassVar[str] = ""  # "module:function(models, box, name, config_dir) -> YAML" (init)
+    model_formats: ClassVar[tuple[str, ...]] = ()  # model formats `autotune init` writes presets for
     knobs: ClassVar[dict[str, Knob]] = {}
     settings_schema: ClassVar[type] = EngineSettings
     uses_variants: ClassVar[bool] = True  # engine.variants are checked by models.validate_variants
@@ -241,9 +243,18 @@ class Engine:
         """
         if not cls.predictor:
             return Prediction()
-        module, _, name = cls.predictor.partition(":")
-        estimate = getattr(importlib.import_module(module), name)
+        estimate = _load(cls.predictor)
         return estimate(cls.full_params(params, settings, variants), settings, variants)
+
+    @classmethod
+    def init_preset(cls, models: Any, box: Any, name: str, config_dir: str) -> str:
+        """The preset ``autotune init`` writes for ``models`` (a
+        :class:`~autotune.engines.model_files.ModelSet`) on ``box``
+        (:class:`~autotune.engines.presets.Box`): YAML text, every range with its reason. Calls
+        ``cls.presetter``; only engines with ``model_formats`` have one."""
+        if not cls.presetter:
+            raise Unsupported(f"autotune init writes no preset for the {cls.name} engine")
+        return _load(cls.presetter)(models, box, name, config_dir)
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
@@ -323,3 +334,9 @@ class Engine:
 
     def stop(self) -> None:
         """Release everything start() acquired; safe to call after a failed or no start."""
+
+
+def _load(target: str) -> Any:
+    """The function a ``"module:function"`` hook names, its module imported on first use."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.cli._model_files import ModelFile
-from autotune.cli._model_files import group_models
-from autotune.cli._model_files import read_model
-from autotune.cli._presets import Box
-from autotune.cli._presets import llamacpp_preset
 from autotune.cli.init import check_preset
+from autotune.engines.llamacpp.preset import llamacpp_preset
+from autotune.engines.model_files import ModelFile
+from autotune.engines.model_files import group_models
+from autotune.engines.model_files import read_model
+from autotune.engines.presets import Box
 from autotune.errors import ConfigError
 from autotune.hardware import list_gpus
 from tests.conftest import study_overrides

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import yaml
 
-from autotune.cli._model_files import ModelFile
-from autotune.cli._model_files import group_models
-from autotune.cli._presets import Box
-from autotune.cli._presets import llama_server_preset
 from autotune.cli.init import check_preset
 from autotune.engines.llama_server.engine import LlamaServerEngine
+from autotune.engines.llama_server.preset import llama_server_preset
+from autotune.engines.model_files import ModelFile
+from autotune.engines.model_files import group_models
+from autotune.engines.presets import Box
 from tests.helpers.cli import run_cli_here
 
 

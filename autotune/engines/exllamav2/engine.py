@@ -92,6 +92,7 @@ class ExLlamaV2Engine(Engine):
     name = "exllamav2"
     needs_gpu = True
     predictor = "autotune.engines.exllamav2.predict:predict_exllamav2"
+    presetter, model_formats = "autotune.engines.exllamav2.preset:init_preset", ("exl2",)
     context_knob = "max_seq_len"
     cuda_kernels = EXLLAMAV2  # built in the pre-flight, outside any trial
     settings_schema = ExLlamaV2Settings

@@ -96,6 +96,7 @@ class LlamaServerEngine(OpenAIServerEngine):
     baseline_label = "llama-server's defaults"
     settings_schema: type = LlamaServerSettings
     predictor = "autotune.engines.llama_server.predict:predict_llama_server"
+    presetter, model_formats = "autotune.engines.llama_server.preset:llama_server_preset", ("gguf",)
     context_knob = "ctx_size"
     knobs: dict[str, Knob] = KNOBS
     default_health_path = "/health"

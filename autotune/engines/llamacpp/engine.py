@@ -64,6 +64,7 @@ class LlamaCppEngine(Engine):
 
     name = "llamacpp"
     predictor = "autotune.engines.llamacpp.predict:predict_llamacpp"
+    presetter, model_formats = "autotune.engines.llamacpp.preset:init_preset", ("gguf",)
     context_knob = "n_ctx"
     settings_schema = LlamaCppSettings
     max_concurrency: ClassVar[int] = 1  # one in-process Llama: no batching of requests
