@@ -34,6 +34,7 @@ from autotune.engines.llama_server.build import find_binary
 from autotune.engines.llama_server.knobs import FLAGS
 from autotune.engines.llama_server.knobs import KNOBS
 from autotune.engines.llama_server.knobs import UNQUANTIZED_KV
+from autotune.engines.llama_server.knobs import placement_override
 from autotune.engines.llama_server.knobs import server_defaults
 from autotune.engines.llamacpp.server_flags import argv_reasons
 from autotune.engines.openai_server import OpenAIServerEngine
@@ -41,6 +42,7 @@ from autotune.engines.openai_server import ServerSettings
 from autotune.engines.variants import resolve_variant
 from autotune.engines.variants import validate_variants
 from autotune.errors import InfeasibleConfig
+from autotune.hardware import VramSampler
 
 OOM = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|"
                  r"unable to allocate|failed to create context|OOM", re.I)
@@ -58,7 +60,7 @@ class LlamaServerSettings(ServerSettings):
 
 def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
                 model_paths: dict[str, str] | None = None, extra: list | None = None,
-                defaults: dict[str, Any] | None = None) -> list[str]:
+                defaults: dict[str, Any] | None = None, n_layers: int | None = None) -> list[str]:
     """llama-server's argv: ``--model``, then each knob whose value is not the server's default.
 
     Args:
@@ -69,6 +71,7 @@ def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
         model_paths: variant name -> file, for ``variant`` knobs (``model_draft``).
         extra: flags appended as they are (``engine.settings.extra_args``).
         defaults: what the server uses without the flag (default: :func:`server_defaults`).
+        n_layers: the model's layer count, for the ``exps_last_<N>`` placement.
     """
     base = server_defaults() if defaults is None else defaults
     argv = [str(binary), "--model", str(model_path)]
@@ -80,11 +83,23 @@ def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
             continue
         if style == "switch":
             argv.append(flag if value else "--no-" + flag[2:])
+        elif style == "flag":
+            argv += [flag] if value else []
+        elif style == "placement":
+            override = placement_override(value, n_layers)
+            argv += [flag, override] if override else []
         elif style == "variant":
             argv += [flag, str((model_paths or {}).get(value, value))]
         else:
             argv += [flag, str(value).lower() if isinstance(value, bool) else str(value)]
     return argv + [str(x) for x in extra or []] + ["--host", HOST, "--port", str(port)]
+
+
+def model_layers(path: str) -> int | None:
+    """The layer count in a GGUF's header (None when the file is not there yet)."""
+    from autotune.engines.llamacpp.gguf_memory import gguf_shape
+
+    return gguf_shape(path)["n_layers"] if path and Path(path).is_file() else None
 
 
 class LlamaServerEngine(OpenAIServerEngine):
@@ -157,7 +172,10 @@ class LlamaServerEngine(OpenAIServerEngine):
             reasons.append("a quantized V cache (cache_type_v) needs --flash-attn on or auto")
         if p.get("ubatch_size", 0) > p.get("batch_size", 0):
             reasons.append("ubatch_size must be <= batch_size (llama.cpp clamps it silently)")
-        argv = server_argv("llama-server", "m.gguf", p, 8080, extra=settings.get("extra_args"))
+        if any(v is not None and k in KNOBS and not KNOBS[k].accepts(v) for k, v in p.items()):
+            return reasons  # check() names the bad value; no argv is built from it
+        argv = server_argv("llama-server", "m.gguf", p, 8080, extra=settings.get("extra_args"),
+                           n_layers=1 << 16)
         return reasons + argv_reasons(argv)
 
     @classmethod
@@ -173,8 +191,11 @@ class LlamaServerEngine(OpenAIServerEngine):
         if binary is None:
             found = find_binary(settings.get("binary"))
             binary = str(found) if found else "llama-server"
-        return server_argv(binary, paths.get(p.get("model"), ""), p, port, paths,
-                           settings.get("extra_args"))
+        model = paths.get(p.get("model"), "")
+        n_layers = model_layers(model) if str(p.get("override_tensor")).startswith("exps_last_") \
+            else None
+        return server_argv(binary, model, p, port, paths, settings.get("extra_args"),
+                           n_layers=n_layers)
 
     @classmethod
     def describe_launch(cls, params: dict, settings: dict, variants: dict,
@@ -226,6 +247,7 @@ class LlamaServerEngine(OpenAIServerEngine):
         return error
 
     def start(self) -> None:
+        self.vram = VramSampler().__enter__()  # per-GPU peak (with NVML): the spill check reads it
         super().start()
         from autotune.engines._openai_stream import get_json
 
@@ -238,6 +260,21 @@ class LlamaServerEngine(OpenAIServerEngine):
             }
         except Exception as e:  # noqa: BLE001 - /props is informative only
             self.info["server_props_error"] = f"{type(e).__name__}: {e}"
+
+    def memory(self) -> dict[str, float]:
+        """Peak RSS of the server, and the GPUs' peak use above idle (with NVML)."""
+        out = super().memory()
+        vram = getattr(self, "vram", None)
+        if vram is not None and vram.per_gpu:
+            self.info["vram_per_gpu_gb"] = dict(vram.per_gpu)
+            out["vram_peak_gb"] = vram.peak_gb
+        return out
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "vram", None) is not None:
+            self.vram.__exit__(None, None, None)
+            self.vram = None
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True):
         try:
