@@ -129,14 +129,6 @@ def test_the_export_is_the_measured_command_line(tmp_path: Path) -> None:
 
 # ---- against the real binary ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def binary() -> Path:
-    found = build.find_binary()
-    if found is None:
-        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
-    return found
-
-
-@pytest.fixture(scope="module")
 def help_text(binary: Path) -> str:
     p = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
     return p.stdout + p.stderr

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.engines.llama_server import build
 from autotune.engines.llama_server.engine import LlamaServerEngine
 from autotune.engines.llama_server.engine import server_argv
 from autotune.engines.llama_server.knobs import KNOBS
@@ -177,14 +176,6 @@ def test_a_dense_model_keeps_the_file_size_prediction(gemma_path: Path) -> None:
 
 
 # ---- the real server ------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def binary() -> Path:
-    found = build.find_binary()
-    if found is None:
-        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("params", [
     {"n_cpu_moe": 2, "override_tensor": "exps_last_1", "tensor_split": "1", "split_mode": "none",

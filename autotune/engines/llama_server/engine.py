@@ -26,6 +26,7 @@ from typing import Any
 
 from autotune._files import write_atomic
 from autotune.engines._openai_stream import HOST
+from autotune.engines._vram import SamplesVram
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.llama_server.build import BuildError
@@ -42,7 +43,6 @@ from autotune.engines.openai_server import ServerSettings
 from autotune.engines.variants import resolve_variant
 from autotune.engines.variants import validate_variants
 from autotune.errors import InfeasibleConfig
-from autotune.hardware import VramSampler
 
 OOM = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|"
                  r"unable to allocate|failed to create context|OOM", re.I)
@@ -102,7 +102,7 @@ def model_layers(path: str) -> int | None:
     return gguf_shape(path)["n_layers"] if path and Path(path).is_file() else None
 
 
-class LlamaServerEngine(OpenAIServerEngine):
+class LlamaServerEngine(SamplesVram, OpenAIServerEngine):
     """``llama-server`` per trial; requests batched in its slots (no concurrency limit here)."""
 
     name = "llama_server"
@@ -247,7 +247,7 @@ class LlamaServerEngine(OpenAIServerEngine):
         return error
 
     def start(self) -> None:
-        self.vram = VramSampler().__enter__()  # per-GPU peak (with NVML): the spill check reads it
+        self.start_vram()  # per-GPU peak (with NVML): the spill check reads it
         super().start()
         from autotune.engines._openai_stream import get_json
 
@@ -261,20 +261,6 @@ class LlamaServerEngine(OpenAIServerEngine):
         except Exception as e:  # noqa: BLE001 - /props is informative only
             self.info["server_props_error"] = f"{type(e).__name__}: {e}"
 
-    def memory(self) -> dict[str, float]:
-        """Peak RSS of the server, and the GPUs' peak use above idle (with NVML)."""
-        out = super().memory()
-        vram = getattr(self, "vram", None)
-        if vram is not None and vram.per_gpu:
-            self.info["vram_per_gpu_gb"] = dict(vram.per_gpu)
-            out["vram_peak_gb"] = vram.peak_gb
-        return out
-
-    def stop(self) -> None:
-        super().stop()
-        if getattr(self, "vram", None) is not None:
-            self.vram.__exit__(None, None, None)
-            self.vram = None
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True):
         try:
