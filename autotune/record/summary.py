@@ -144,7 +144,7 @@ def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionErr
     )
 
 # What trial 0 (the baseline) is, by engine: the speed-up is stated over these defaults.
-BASELINE_LABELS = {"llama_server": "llama-server's defaults"}
+BASELINE_LABELS = {"llama_server": "llama-server's defaults and --fit placement"}  # --fit on
 
 
 def baseline_label(engine: str) -> str:
