@@ -21,6 +21,7 @@ from autotune.engines.llama_server.knobs import SPEC_TYPES
 from autotune.engines.llama_server.knobs import placement_override
 from autotune.engines.llama_server.predict import predict_llama_server
 from autotune.engines.llamacpp.gguf_memory import read_gguf_tensors
+from autotune.engines.llamacpp.moe import gpu_of_layers
 from autotune.engines.llamacpp.moe import layer_table
 from autotune.engines.llamacpp.moe import place
 from autotune.engines.llamacpp.server_flags import argv_reasons
@@ -90,6 +91,21 @@ def test_the_last_layers_are_read_from_the_model_file(tiny_moe: Path) -> None:
 
 
 # ---- the tensor table and the prediction -------------------------------------------------
+@pytest.mark.parametrize(
+    ("ngl", "n_gpus", "split", "mode", "devices"),
+    [
+        (2, 1, [], "layer", [0, 0, 0, 1, 1]),  # the last ngl of the 5 "layers" (head last)
+        (-1, 2, [], "layer", [1, 1, 1, 2, 2]),  # by layer count: upper_bound of i/5 in [.5, 1]
+        (-1, 2, [3, 1], "layer", [1, 1, 1, 1, 2]),
+        (-1, 2, [], "none", [1, 1, 1, 1, 1]),  # main_gpu 0 holds every layer
+        (-1, 0, [], "layer", [0, 0, 0, 0, 0]),  # no GPU: everything in RAM
+        (0, 1, [], "layer", [0, 0, 0, 0, 0]),
+    ],
+)
+def test_layers_go_to_devices_as_llama_cpp_places_them(ngl, n_gpus, split, mode, devices) -> None:
+    assert gpu_of_layers(4, ngl, n_gpus, split, mode) == devices
+
+
 def test_the_tensor_table_is_gguf_readers(tiny_moe: Path) -> None:
     from gguf import GGUFReader
 

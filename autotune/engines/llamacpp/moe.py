@@ -86,7 +86,9 @@ def gpu_of_layers(n_layers: int, ngl: int, n_gpus: int, split: list[float],
     """Device of each of the ``n_layers + 1`` layers (the last is the output head): 0 is
     system RAM, ``j + 1`` is GPU ``j`` (see the module docstring)."""
     n = n_layers + 1
-    ngl = n if ngl < 0 else max(min(ngl, n), 0) if n_gpus else 0
+    if not n_gpus:
+        return [0] * n
+    ngl = n if ngl < 0 else max(min(ngl, n), 0)
     start = n - ngl
     if split_mode == "none":
         return [0 if i < start else main_gpu + 1 for i in range(n)]
