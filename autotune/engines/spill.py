@@ -32,9 +32,10 @@ def spill_reason(vram_gb: list[float], capacity_gb: list[float], decode_tps: flo
         return None
     for i, (used, cap) in enumerate(zip(vram_gb, capacity_gb)):
         if cap and used >= SPILL_FULL * cap:
-            return (f"spilled into system memory: GPU {i} at {used:.1f} of {cap:.1f} GB while decode "
-                    f"ran {decode_tps:.1f} tok/s, {decode_tps / decode_upper:.0%} of the predicted "
-                    f"{decode_upper:.1f}")
+            share = decode_tps / decode_upper
+            return (f"spilled into system memory: GPU {i} at {used:.1f} of {cap:.1f} GB "
+                    f"while decode ran {decode_tps:.1f} tok/s, {share:.0%} of the "
+                    f"predicted {decode_upper:.1f}")
     return None
 
 

@@ -42,8 +42,10 @@ def tensor_shapes(s: dict) -> list[tuple[str, tuple[int, ...], str]]:
     for i in range(s["n_layers"]):
         b = f"blk.{i}."
         out += [(b + "attn_norm.weight", (e,), "F32"), (b + "attn_q.weight", (e, q), t["matrix"]),
-                (b + "attn_k.weight", (e, kv), t["matrix"]), (b + "attn_v.weight", (e, kv), t["matrix"]),
-                (b + "attn_output.weight", (q, e), t["matrix"]), (b + "ffn_norm.weight", (e,), "F32"),
+                (b + "attn_k.weight", (e, kv), t["matrix"]),
+                (b + "attn_v.weight", (e, kv), t["matrix"]),
+                (b + "attn_output.weight", (q, e), t["matrix"]),
+                (b + "ffn_norm.weight", (e,), "F32"),
                 (b + "ffn_gate_inp.weight", (e, n), "F32"),
                 (b + "ffn_gate_exps.weight", (e, ff, n), t["exps"]),
                 (b + "ffn_up_exps.weight", (e, ff, n), t["exps"]),
@@ -83,7 +85,8 @@ def _metadata(w, s: dict) -> None:
     w.add_eos_token_id(2)
 
 
-def write_moe_gguf(path: str | Path, shape: str = "tiny", weights: bool = True, seed: int = 0) -> Path:
+def write_moe_gguf(path: str | Path, shape: str = "tiny", weights: bool = True,
+                   seed: int = 0) -> Path:
     """Write the model of ``SHAPES[shape]`` to ``path`` (atomically); random weights when
     ``weights``, else the header and tensor table alone."""
     import numpy as np

@@ -113,3 +113,29 @@ def test_a_dense_file_gets_no_moe_knob_and_a_cpu_box_no_expert_placement(tmp_pat
     space = yaml.safe_load(text)["space"]
     assert "n_cpu_moe" not in space and "spec_type" in space
     assert "expert placement (n_cpu_moe, cpu_moe) has no effect" in text
+
+
+def test_two_cards_get_a_tensor_split_by_bytes(a3b_header) -> None:
+    """--n-cpu-moe empties the first layers while the default split counts layers: on two
+    10 GB cards the first sits nearly empty and the boundary is far out; a split by bytes that
+    gives card 0 more layers fits with fewer experts in RAM."""
+    from autotune.cli._model_files import read_model
+
+    ms = group_models([read_model(str(a3b_header))])
+    card = {"name": "RTX 3080", "memory_gb": 10.0, "bandwidth_gbps": 760}
+    text = llama_server_preset(ms, Box(8, 16, 60.0, 60.0, (card, dict(card)), True), "moe2", "conf")
+    space = yaml.safe_load(text)["space"]
+    choices = space["tensor_split"]["choices"]
+    assert choices[0] == ""  # llama-server's default (by free memory): trial 0
+    first, second = (int(x) for x in choices[1].split(","))
+    assert first > second
+    n_line = _space_line(text, "n_cpu_moe")
+    b = int(re.search(r"predicted fit boundary (\d+)", n_line).group(1))
+    b2 = int(re.search(r"; (\d+) with a tensor_split by bytes", n_line).group(1))
+    assert b2 < b and {b, b2} <= set(space["n_cpu_moe"]["choices"])
+    line = _space_line(text, "tensor_split")
+    full, default = (int(x) for x in re.search(r"at (\d+)% with .*, (\d+)% with the default",
+                                               line).groups())
+    assert full <= 100 < default, line
+    cfg, _space, baseline = check_preset(text, "moe2")
+    assert baseline["tensor_split"] == "" and baseline["n_cpu_moe"] == 0

@@ -126,9 +126,12 @@ KNOBS: dict[str, Knob] = {
     "spec_draft_n_min": Knob("int", low=0, high=256, spelling="--spec-draft-n-min (--draft-min)"),
     "spec_type": Knob("str", doc="a comma-separated list of " + ", ".join(SPEC_TYPES),
                       spelling="--spec-type", pattern=f"({_SPEC_ONE})(,({_SPEC_ONE}))*"),
-    "spec_draft_p_min": Knob("float", low=0.0, high=1.0, spelling="--spec-draft-p-min (--draft-p-min)"),
-    "spec_ngram_simple_size_n": Knob("int", low=1, high=1024, spelling="--spec-ngram-simple-size-n"),
-    "spec_ngram_simple_size_m": Knob("int", low=1, high=1024, spelling="--spec-ngram-simple-size-m"),
+    "spec_draft_p_min": Knob("float", low=0.0, high=1.0,
+                             spelling="--spec-draft-p-min (--draft-p-min)"),
+    "spec_ngram_simple_size_n": Knob("int", low=1, high=1024,
+                                     spelling="--spec-ngram-simple-size-n"),
+    "spec_ngram_simple_size_m": Knob("int", low=1, high=1024,
+                                     spelling="--spec-ngram-simple-size-m"),
     "spec_ngram_simple_min_hits": Knob("int", low=1, high=1024,
                                        spelling="--spec-ngram-simple-min-hits"),
     "spec_ngram_mod_n_match": Knob("int", low=1, high=1024, spelling="--spec-ngram-mod-n-match"),
@@ -139,12 +142,17 @@ KNOBS: dict[str, Knob] = {
     "cpu_moe": Knob("bool", spelling="--cpu-moe / -cmoe (every expert on the CPU)"),
     "override_tensor": Knob("str", pattern=PLACEMENT_PATTERN, spelling="--override-tensor / -ot",
                             doc="one of none, exps_odd, exps_up_down or exps_last_<N>"),
-    "tensor_split": Knob("str", pattern=r"\d+(\.\d+)?(,\d+(\.\d+)?)*", spelling="--tensor-split / -ts",
-                         doc="comma-separated proportions per GPU, e.g. 3,1"),
+    "tensor_split": Knob("str", pattern=r"(\d+(\.\d+)?(,\d+(\.\d+)?)*)?",
+                         spelling="--tensor-split / -ts",
+                         doc="comma-separated proportions per GPU, e.g. 3,1 (empty: by free "
+                             "memory)"),
     "main_gpu": Knob("int", low=0, high=63, spelling="--main-gpu / -mg"),
-    "fit": Knob("str", ("on", "off"), spelling="--fit (llama.cpp fits unset arguments to free memory)"),
-    "fit_target": Knob("int", low=0, high=1 << 20, spelling="--fit-target (MiB left free per device)"),
-    "fit_ctx": Knob("int", low=0, high=1 << 20, spelling="--fit-ctx (smallest context --fit may set)"),
+    "fit": Knob("str", ("on", "off"),
+                spelling="--fit (llama.cpp fits unset arguments to free memory)"),
+    "fit_target": Knob("int", low=0, high=1 << 20,
+                       spelling="--fit-target (MiB left free per device)"),
+    "fit_ctx": Knob("int", low=0, high=1 << 20,
+                    spelling="--fit-ctx (smallest context --fit may set)"),
 }
 
 
@@ -166,7 +174,7 @@ def server_defaults(n_cpus: int | None = None) -> dict[str, Any]:
         "spec_ngram_simple_size_n": 12, "spec_ngram_simple_size_m": 48,
         "spec_ngram_simple_min_hits": 1, "spec_ngram_mod_n_match": 24, "spec_ngram_mod_n_min": 48,
         "spec_ngram_mod_n_max": 64, "n_cpu_moe": 0, "cpu_moe": False, "override_tensor": "none",
-        "tensor_split": None, "main_gpu": 0, "fit": "on", "fit_target": 1024, "fit_ctx": 4096,
+        "tensor_split": "", "main_gpu": 0, "fit": "on", "fit_target": 1024, "fit_ctx": 4096,
     }
 
 

@@ -37,8 +37,9 @@ def layer_table(model_path: str | Path) -> dict:
     """Bytes of the model by part, from its GGUF tensor table (cached per file version).
 
     Returns ``n_layers``, per-layer lists ``dense``, ``experts`` and ``up_down`` (the up and
-    down experts alone), ``embd`` (token_embd), ``output`` (the head and its norm), ``tied`` (no head of its
-    own: the embeddings are read as the head, and copied to a GPU that runs it), ``n_expert``, ``n_expert_used`` and
+    down experts alone), ``embd`` (token_embd), ``output`` (the head and its norm), ``tied``
+    (no head of its own: the embeddings are read as the head, and copied to a GPU that runs
+    it), ``n_expert``, ``n_expert_used`` and
     ``moe`` (whether any layer has experts).
     """
     st = os.stat(model_path)
