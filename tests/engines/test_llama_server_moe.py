@@ -198,9 +198,9 @@ def test_a_dense_model_keeps_the_file_size_prediction(gemma_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("params", [
     {"n_cpu_moe": 2, "override_tensor": "exps_last_1", "tensor_split": "1", "split_mode": "none",
-     "main_gpu": 0, "fit": "off", "fit_target": 512, "fit_ctx": 1024},
+     "main_gpu": 1, "fit": "off", "fit_target": 512, "fit_ctx": 1024},
     {"cpu_moe": True, "override_tensor": "exps_odd", "spec_type": "ngram-simple",
-     "spec_ngram_simple_size_n": 2, "spec_ngram_simple_size_m": 4, "spec_ngram_simple_min_hits": 1,
+     "spec_ngram_simple_size_n": 2, "spec_ngram_simple_size_m": 4, "spec_ngram_simple_min_hits": 2,
      "spec_draft_n_max": 4, "spec_draft_p_min": 0.5},
     {"override_tensor": "exps_up_down", "spec_type": "ngram-mod", "spec_ngram_mod_n_match": 4,
      "spec_ngram_mod_n_min": 1, "spec_ngram_mod_n_max": 8},
@@ -218,6 +218,6 @@ def test_the_real_server_serves_the_tiny_moe_with_the_new_flags(
         gen = engine.generate("the the the the the the", 8)
         assert gen.output_tokens == 8
         log = engine.log_path.read_text(errors="replace")
-        assert "CPU_Mapped" in log or "CPU model buffer" in log, log[-2000:]
+        assert "tensor overrides to CPU are used" in log, log[-2000:]  # the experts' placement
     finally:
         engine.stop()

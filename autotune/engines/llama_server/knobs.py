@@ -214,7 +214,7 @@ def help_defaults(help_text: str) -> dict[str, str]:
     for entry in entries:
         head = _head(entry[0])
         text = " ".join([entry[0][len(head):].strip(), *entry[1:]])
-        m = re.search(r"default: ([^)]*)\)", text)
+        m = re.search(r"default: ([^()]*)[()]", text)  # "(default: X)", "default: X (env: ..."
         if m:
             for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", head):
                 out.setdefault(flag, m.group(1).strip().strip("'"))
