@@ -261,7 +261,6 @@ class LlamaServerEngine(SamplesVram, OpenAIServerEngine):
         except Exception as e:  # noqa: BLE001 - /props is informative only
             self.info["server_props_error"] = f"{type(e).__name__}: {e}"
 
-
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True):
         try:
             return super().generate(prompt, max_tokens, ignore_eos)
