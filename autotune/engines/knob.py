@@ -4,6 +4,7 @@ declared in code by each engine or in YAML for a ``command`` engine.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +25,11 @@ class Knob:
     high: float | None = None
     spelling: str = ""
     doc: str = ""
+    pattern: str = ""  # a str knob's values must match this regex whole; ``doc`` says it in words
 
     def allowed(self) -> str:
+        if self.pattern:
+            return self.doc or f"a string matching {self.pattern}"
         if self.choices is not None:
             return "one of " + ", ".join(map(str, self.choices))
         if self.type in ("int", "float"):
@@ -50,6 +54,8 @@ class Knob:
         if not ok:
             return False
         if self.choices is not None and value not in self.choices:
+            return False
+        if self.pattern and not re.fullmatch(self.pattern, value):
             return False
         if self.type in ("int", "float"):
             if self.low is not None and value < self.low:

@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from autotune.engines import spill
 from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
 from autotune.measure.quality import reference_ready
@@ -323,6 +324,9 @@ class Driver:
         return reason
 
     def _finish_one(self, study: optuna.Study, p: PendingTrial, result: TrialResult) -> Record:
+        if result.status == "ok":  # a spill into system memory is no fit (engines/spill.py)
+            upper = self.predict(p.params).decode_tps_upper
+            result = spill.judge(result, self.cfg.engine.settings, upper)
         record = studylib.tell(study, p.trial, self.cfg, p.params, result)
         storage.backup(self.cfg.storage_url)  # optuna.db.bak: a damaged file costs this trial at most
         self.measured[p.key] = record

@@ -6,6 +6,7 @@ batching knobs; trial 0 is the server's own defaults; a dry run never builds the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -65,3 +66,76 @@ def test_a_dry_run_never_builds_the_server() -> None:
     assert real and "/nonexistent/llama-server" in real[0]
     assert "--parallel 4" in LlamaServerEngine.describe_launch(
         {"model": "m", "parallel": 4}, {"binary": str(missing)}, {"m": {"path": "/m.gguf"}})
+
+
+def _space_line(text: str, key: str) -> str:
+    return next(x for x in text.splitlines() if x.strip().startswith(f"{key}:"))
+
+
+def test_a_moe_file_gets_n_cpu_moe_around_the_predicted_fit_boundary(tmp_path, a3b_header) -> None:
+    from autotune.engines.llama_server.predict import predict_llama_server
+
+    proc = run_cli_here(["init", str(a3b_header), "--engine", "llama_server", "--gpus", "RTX 4080:16",
+                         "--out", "conf", "--name", "moe"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (tmp_path / "conf" / "moe.yaml").read_text()
+    space = yaml.safe_load(text)["space"]
+    picks = space["n_cpu_moe"]["choices"]
+    assert picks[0] == 0 and space["n_cpu_moe"]["ordered"]  # llama-server's default: trial 0
+    boundary = int(re.search(r"predicted fit boundary (\d+)", _space_line(text, "n_cpu_moe")).group(1))
+    assert boundary in picks and picks[1:] == sorted(x for x in (boundary - 4, boundary - 2, boundary,
+                                                                 boundary + 2, boundary + 4) if x >= 1)
+    settings = {"gpus": [{"name": "RTX 4080", "memory_gb": 16.0}]}
+    variants = {"m": {"path": str(a3b_header)}}
+
+    def fits(n: int) -> bool | None:
+        p = LlamaServerEngine.full_params({"model": "m", "n_cpu_moe": n}, settings, variants)
+        return predict_llama_server(p, settings, variants).fits
+
+    assert 0 < boundary < 48 and fits(boundary) is not False and fits(boundary - 1) is False
+    assert space["spec_type"]["choices"] == ["none", "ngram-simple", "ngram-mod"]
+    assert "#" in _space_line(text, "spec_type")
+    dry = run_cli_here(["run", "--config-dir", "conf", "conf=moe", "--dry-run"], tmp_path)
+    assert dry.returncode == 0 and "nothing was written" in dry.stdout, dry.stdout + dry.stderr
+
+
+def test_a_dense_file_gets_no_moe_knob_and_a_cpu_box_no_expert_placement(tmp_path, gemma_path,
+                                                                       tiny_moe) -> None:
+    proc = run_cli_here(["init", str(gemma_path), "--engine", "llama_server", "--gpus", "RTX 4080:16",
+                         "--out", "conf", "--name", "dense"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    dense = yaml.safe_load((tmp_path / "conf" / "dense.yaml").read_text())["space"]
+    assert "n_gpu_layers" in dense and not {"n_cpu_moe", "cpu_moe", "spec_type"} & set(dense)
+    proc = run_cli_here(["init", str(tiny_moe), "--engine", "llama_server", "--out", "conf",
+                         "--name", "cpu_moe"], tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = (tmp_path / "conf" / "cpu_moe.yaml").read_text()
+    space = yaml.safe_load(text)["space"]
+    assert "n_cpu_moe" not in space and "spec_type" in space
+    assert "expert placement (n_cpu_moe, cpu_moe) has no effect" in text
+
+
+def test_two_cards_get_a_tensor_split_by_bytes(a3b_header) -> None:
+    """--n-cpu-moe empties the first layers while the default split counts layers: on two
+    10 GB cards the first sits nearly empty and the boundary is far out; a split by bytes that
+    gives card 0 more layers fits with fewer experts in RAM."""
+    from autotune.engines.model_files import read_model
+
+    ms = group_models([read_model(str(a3b_header))])
+    card = {"name": "RTX 3080", "memory_gb": 10.0, "bandwidth_gbps": 760}
+    text = llama_server_preset(ms, Box(8, 16, 60.0, 60.0, (card, dict(card)), True), "moe2", "conf")
+    space = yaml.safe_load(text)["space"]
+    choices = space["tensor_split"]["choices"]
+    assert choices[0] == ""  # llama-server's default (by free memory): trial 0
+    first, second = (int(x) for x in choices[1].split(","))
+    assert first > second
+    n_line = _space_line(text, "n_cpu_moe")
+    b = int(re.search(r"predicted fit boundary (\d+)", n_line).group(1))
+    b2 = int(re.search(r"; (\d+) with a tensor_split by bytes", n_line).group(1))
+    assert b2 < b and {b, b2} <= set(space["n_cpu_moe"]["choices"])
+    line = _space_line(text, "tensor_split")
+    full, default = (int(x) for x in re.search(r"at (\d+)% with .*, (\d+)% with the default",
+                                               line).groups())
+    assert full <= 100 < default, line
+    cfg, _space, baseline = check_preset(text, "moe2")
+    assert baseline["tensor_split"] == "" and baseline["n_cpu_moe"] == 0

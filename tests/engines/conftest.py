@@ -36,3 +36,14 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
         check=True, cwd=REPO, capture_output=True, timeout=300,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    """The llama-server the llama_server engine would run (skipped, saying how, without one)."""
+    from autotune.engines.llama_server import build
+
+    found = build.find_binary()
+    if found is None:
+        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
+    return found

@@ -90,11 +90,19 @@ def test_each_knob_is_spelled_as_llama_server_spells_it() -> None:
               "cache_reuse": 256, "cache_ram": 0, "flash_attn": "on", "cache_type_k": "q8_0",
               "cache_type_v": "q8_0", "threads_http": 2, "poll": 0, "load_mode": "none",
               "n_gpu_layers": "0", "split_mode": "none", "model_draft": "d",
-              "spec_draft_n_max": 8, "spec_draft_n_min": 2, "spec_type": "ngram-simple"}
+              "spec_draft_n_max": 8, "spec_draft_n_min": 2, "spec_type": "ngram-simple",
+              "spec_draft_p_min": 0.5, "spec_ngram_simple_size_n": 4, "spec_ngram_simple_size_m": 8,
+              "spec_ngram_simple_min_hits": 2, "spec_ngram_mod_n_match": 8, "spec_ngram_mod_n_min": 4,
+              "spec_ngram_mod_n_max": 16, "n_cpu_moe": 2, "cpu_moe": True,
+              "override_tensor": "exps_last_1", "tensor_split": "3,1", "main_gpu": 1, "fit": "off",
+              "fit_target": 512, "fit_ctx": 1024}
     assert set(params) == set(FLAGS)
-    argv = server_argv("llama-server", "/m.gguf", params, 9000, {"d": "/d.gguf"})
+    argv = server_argv("llama-server", "/m.gguf", params, 9000, {"d": "/d.gguf"}, n_layers=4)
     joined = shlex.join(argv)
-    for needle in ("--threads 1", "--threads-batch 2", "--ctx-size 1024", "--parallel 4",
+    for needle in ("--n-cpu-moe 2", "--cpu-moe", "--tensor-split 3,1", "--main-gpu 1", "--fit off",
+                   "--fit-target 512", "--spec-draft-p-min 0.5", "--spec-ngram-simple-size-n 4",
+                   r"--override-tensor 'blk\.(3)\.ffn_(up|down|gate|gate_up)_(ch|)exps=CPU'",
+                   "--threads 1", "--threads-batch 2", "--ctx-size 1024", "--parallel 4",
                    "--no-cont-batching", "--kv-unified", "--flash-attn on", "--cache-type-v q8_0",
                    "--load-mode none", "--model-draft /d.gguf", "--spec-draft-n-max 8"):
         assert needle in joined, joined
@@ -121,14 +129,6 @@ def test_the_export_is_the_measured_command_line(tmp_path: Path) -> None:
 
 # ---- against the real binary ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def binary() -> Path:
-    found = build.find_binary()
-    if found is None:
-        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
-    return found
-
-
-@pytest.fixture(scope="module")
 def help_text(binary: Path) -> str:
     p = subprocess.run([str(binary), "--help"], capture_output=True, text=True, timeout=60)
     return p.stdout + p.stderr
@@ -150,7 +150,10 @@ def test_the_reported_defaults_are_the_binarys_own(help_text: str) -> None:
         if flag not in stated or knob in ("threads", "threads_batch", "kv_unified", "model_draft"):
             continue  # -1 / "same as --threads" / "enabled if slots auto" / "unused": resolved
         want = text.get(ours[knob], str(ours[knob])) if isinstance(ours[knob], bool) else str(ours[knob])
-        assert stated[flag].split(",")[0].strip() == want, (knob, stated[flag], ours[knob])
+        got = stated[flag].split(",")[0].strip()
+        if isinstance(ours[knob], float):  # "0.00"
+            got, want = float(got), ours[knob]
+        assert got == want, (knob, stated[flag], ours[knob])
         checked += 1
     assert checked >= 6, stated
 

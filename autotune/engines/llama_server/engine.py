@@ -26,6 +26,7 @@ from typing import Any
 
 from autotune._files import write_atomic
 from autotune.engines._openai_stream import HOST
+from autotune.engines._vram import SamplesVram
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.doctor import Check
@@ -36,6 +37,7 @@ from autotune.engines.llama_server.build import find_binary
 from autotune.engines.llama_server.knobs import FLAGS
 from autotune.engines.llama_server.knobs import KNOBS
 from autotune.engines.llama_server.knobs import UNQUANTIZED_KV
+from autotune.engines.llama_server.knobs import placement_override
 from autotune.engines.llama_server.knobs import server_defaults
 from autotune.engines.llamacpp.server_flags import argv_reasons
 from autotune.engines.openai_server import OpenAIServerEngine
@@ -60,7 +62,7 @@ class LlamaServerSettings(ServerSettings):
 
 def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
                 model_paths: dict[str, str] | None = None, extra: list | None = None,
-                defaults: dict[str, Any] | None = None) -> list[str]:
+                defaults: dict[str, Any] | None = None, n_layers: int | None = None) -> list[str]:
     """llama-server's argv: ``--model``, then each knob whose value is not the server's default.
 
     Args:
@@ -71,6 +73,7 @@ def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
         model_paths: variant name -> file, for ``variant`` knobs (``model_draft``).
         extra: flags appended as they are (``engine.settings.extra_args``).
         defaults: what the server uses without the flag (default: :func:`server_defaults`).
+        n_layers: the model's layer count, for the ``exps_last_<N>`` placement.
     """
     base = server_defaults() if defaults is None else defaults
     argv = [str(binary), "--model", str(model_path)]
@@ -82,6 +85,11 @@ def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
             continue
         if style == "switch":
             argv.append(flag if value else "--no-" + flag[2:])
+        elif style == "flag":
+            argv += [flag] if value else []
+        elif style == "placement":
+            override = placement_override(value, n_layers)
+            argv += [flag, override] if override else []
         elif style == "variant":
             argv += [flag, str((model_paths or {}).get(value, value))]
         else:
@@ -89,11 +97,18 @@ def server_argv(binary: str, model_path: str, params: dict[str, Any], port: int,
     return argv + [str(x) for x in extra or []] + ["--host", HOST, "--port", str(port)]
 
 
-class LlamaServerEngine(OpenAIServerEngine):
+def model_layers(path: str) -> int | None:
+    """The layer count in a GGUF's header (None when the file is not there yet)."""
+    from autotune.engines.llamacpp.gguf_memory import gguf_shape
+
+    return gguf_shape(path)["n_layers"] if path and Path(path).is_file() else None
+
+
+class LlamaServerEngine(SamplesVram, OpenAIServerEngine):
     """``llama-server`` per trial; requests batched in its slots (no concurrency limit here)."""
 
     name = "llama_server"
-    baseline_label = "llama-server's defaults"
+    baseline_label = "llama-server's defaults and --fit placement"  # trial 0 runs --fit on
     settings_schema: type = LlamaServerSettings
     predictor = "autotune.engines.llama_server.predict:predict_llama_server"
     presetter, model_formats = "autotune.engines.llama_server.preset:llama_server_preset", ("gguf",)
@@ -166,7 +181,10 @@ class LlamaServerEngine(OpenAIServerEngine):
             reasons.append("a quantized V cache (cache_type_v) needs --flash-attn on or auto")
         if p.get("ubatch_size", 0) > p.get("batch_size", 0):
             reasons.append("ubatch_size must be <= batch_size (llama.cpp clamps it silently)")
-        argv = server_argv("llama-server", "m.gguf", p, 8080, extra=settings.get("extra_args"))
+        if any(v is not None and k in KNOBS and not KNOBS[k].accepts(v) for k, v in p.items()):
+            return reasons  # check() names the bad value; no argv is built from it
+        argv = server_argv("llama-server", "m.gguf", p, 8080, extra=settings.get("extra_args"),
+                           n_layers=1 << 16)
         return reasons + argv_reasons(argv)
 
     @classmethod
@@ -182,8 +200,11 @@ class LlamaServerEngine(OpenAIServerEngine):
         if binary is None:
             found = find_binary(settings.get("binary"))
             binary = str(found) if found else "llama-server"
-        return server_argv(binary, paths.get(p.get("model"), ""), p, port, paths,
-                           settings.get("extra_args"))
+        model = paths.get(p.get("model"), "")
+        n_layers = model_layers(model) if str(p.get("override_tensor")).startswith("exps_last_") \
+            else None
+        return server_argv(binary, model, p, port, paths, settings.get("extra_args"),
+                           n_layers=n_layers)
 
     @classmethod
     def describe_launch(cls, params: dict, settings: dict, variants: dict,
@@ -235,6 +256,7 @@ class LlamaServerEngine(OpenAIServerEngine):
         return error
 
     def start(self) -> None:
+        self.start_vram()  # per-GPU peak (with NVML): the spill check reads it
         super().start()
         from autotune.engines._openai_stream import get_json
 

@@ -3,7 +3,9 @@
 A knob's name is its long flag without the dashes, ``-`` written ``_`` (``--threads-batch``
 is ``threads_batch``). :data:`FLAGS` says how each value is rendered: ``value`` (``--flag
 V``), ``switch`` (a bool: ``--flag`` / ``--no-flag``) or ``variant`` (a model variant name,
-rendered as its file's path). :func:`server_defaults` is what llama-server uses when the flag
+rendered as its file's path), ``flag`` (a bool given only when true: ``--cpu-moe``) or
+``placement`` (a named ``--override-tensor`` placement: :data:`PLACEMENTS`, rendered by
+:func:`placement_override`). :func:`server_defaults` is what llama-server uses when the flag
 is not given, read from its ``--help`` of llama.cpp as vendored in llama-cpp-python 0.3.36
 (tests/engines/test_llama_server.py checks both tables against the built binary's ``--help``).
 """
@@ -43,7 +45,60 @@ FLAGS: dict[str, tuple[str, str]] = {
     "spec_draft_n_max": ("--spec-draft-n-max", "value"),
     "spec_draft_n_min": ("--spec-draft-n-min", "value"),
     "spec_type": ("--spec-type", "value"),
+    "spec_draft_p_min": ("--spec-draft-p-min", "value"),
+    "spec_ngram_simple_size_n": ("--spec-ngram-simple-size-n", "value"),
+    "spec_ngram_simple_size_m": ("--spec-ngram-simple-size-m", "value"),
+    "spec_ngram_simple_min_hits": ("--spec-ngram-simple-min-hits", "value"),
+    "spec_ngram_mod_n_match": ("--spec-ngram-mod-n-match", "value"),
+    "spec_ngram_mod_n_min": ("--spec-ngram-mod-n-min", "value"),
+    "spec_ngram_mod_n_max": ("--spec-ngram-mod-n-max", "value"),
+    "n_cpu_moe": ("--n-cpu-moe", "value"),
+    "cpu_moe": ("--cpu-moe", "flag"),
+    "override_tensor": ("--override-tensor", "placement"),
+    "tensor_split": ("--tensor-split", "value"),
+    "main_gpu": ("--main-gpu", "value"),
+    "fit": ("--fit", "value"),
+    "fit_target": ("--fit-target", "value"),
+    "fit_ctx": ("--fit-ctx", "value"),
 }
+
+# llama.cpp's expert tensors (LLM_FFN_EXPS_REGEX of common/common.h): what --cpu-moe and
+# --n-cpu-moe move to the CPU
+EXPS_REGEX = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"
+# the named --override-tensor placements: experts on the CPU for ...
+PLACEMENTS = {
+    "none": "no override",
+    "exps_odd": "the odd-numbered layers (interleaved: every other layer's experts)",
+    "exps_up_down": "every layer's up and down experts (the gate experts stay on the GPU)",
+    "exps_last_<N>": "the last N layers (--n-cpu-moe takes the first N)",
+}
+PLACEMENT_PATTERN = r"none|exps_odd|exps_up_down|exps_last_\d+"
+SPEC_TYPES = ("none", "draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
+              "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+_SPEC_ONE = "|".join(re.escape(t) for t in SPEC_TYPES)
+
+
+def placement_override(name: str, n_layers: int | None) -> str | None:
+    """The ``--override-tensor`` value of a named placement (None for ``none`` or no layer).
+
+    ``exps_last_<N>`` needs the model's layer count (``n_layers``): llama.cpp's patterns
+    name layers by index, as ``--n-cpu-moe`` does for the first N; without it (a variant not
+    made yet, in a dry run's launch line) the layers are written ``<last N>``.
+    """
+    if name == "none":
+        return None
+    if name == "exps_odd":
+        return r"blk\.\d*[13579]" + EXPS_REGEX + "=CPU"
+    if name == "exps_up_down":
+        return r"\.ffn_(up|down)_(ch|)exps=CPU"
+    n = int(name.removeprefix("exps_last_"))
+    if n_layers is None:
+        return rf"blk\.(<last {n}>)" + EXPS_REGEX + "=CPU"
+    layers = range(max(n_layers - n, 0), n_layers)
+    if not layers:
+        return None
+    return r"blk\.(" + "|".join(map(str, layers)) + ")" + EXPS_REGEX + "=CPU"
+
 
 KNOBS: dict[str, Knob] = {
     "model": Knob("str", doc="model variant name (engine.variants), --model"),
@@ -69,7 +124,35 @@ KNOBS: dict[str, Knob] = {
     "model_draft": Knob("str", doc="a variant name: the draft model", spelling="--model-draft / -md"),
     "spec_draft_n_max": Knob("int", low=0, high=256, spelling="--spec-draft-n-max (--draft-max)"),
     "spec_draft_n_min": Knob("int", low=0, high=256, spelling="--spec-draft-n-min (--draft-min)"),
-    "spec_type": Knob("str", doc="none, ngram-simple, ...", spelling="--spec-type"),
+    "spec_type": Knob("str", doc="a comma-separated list of " + ", ".join(SPEC_TYPES),
+                      spelling="--spec-type", pattern=f"({_SPEC_ONE})(,({_SPEC_ONE}))*"),
+    "spec_draft_p_min": Knob("float", low=0.0, high=1.0,
+                             spelling="--spec-draft-p-min (--draft-p-min)"),
+    "spec_ngram_simple_size_n": Knob("int", low=1, high=1024,
+                                     spelling="--spec-ngram-simple-size-n"),
+    "spec_ngram_simple_size_m": Knob("int", low=1, high=1024,
+                                     spelling="--spec-ngram-simple-size-m"),
+    "spec_ngram_simple_min_hits": Knob("int", low=1, high=1024,
+                                       spelling="--spec-ngram-simple-min-hits"),
+    "spec_ngram_mod_n_match": Knob("int", low=1, high=1024, spelling="--spec-ngram-mod-n-match"),
+    "spec_ngram_mod_n_min": Knob("int", low=0, high=1024, spelling="--spec-ngram-mod-n-min"),
+    "spec_ngram_mod_n_max": Knob("int", low=1, high=1024, spelling="--spec-ngram-mod-n-max"),
+    "n_cpu_moe": Knob("int", low=0, high=4096,
+                      spelling="--n-cpu-moe / -ncmoe (experts of the first N layers on the CPU)"),
+    "cpu_moe": Knob("bool", spelling="--cpu-moe / -cmoe (every expert on the CPU)"),
+    "override_tensor": Knob("str", pattern=PLACEMENT_PATTERN, spelling="--override-tensor / -ot",
+                            doc="one of none, exps_odd, exps_up_down or exps_last_<N>"),
+    "tensor_split": Knob("str", pattern=r"(\d+(\.\d+)?(,\d+(\.\d+)?)*)?",
+                         spelling="--tensor-split / -ts",
+                         doc="comma-separated proportions per GPU, e.g. 3,1 (empty: by free "
+                             "memory)"),
+    "main_gpu": Knob("int", low=0, high=63, spelling="--main-gpu / -mg"),
+    "fit": Knob("str", ("on", "off"),
+                spelling="--fit (llama.cpp fits unset arguments to free memory)"),
+    "fit_target": Knob("int", low=0, high=1 << 20,
+                       spelling="--fit-target (MiB left free per device)"),
+    "fit_ctx": Knob("int", low=0, high=1 << 20,
+                    spelling="--fit-ctx (smallest context --fit may set)"),
 }
 
 
@@ -87,7 +170,11 @@ def server_defaults(n_cpus: int | None = None) -> dict[str, Any]:
         "cache_ram": 8192, "flash_attn": "auto", "cache_type_k": "f16", "cache_type_v": "f16",
         "threads_http": -1, "poll": 50, "load_mode": "auto", "n_gpu_layers": "auto",
         "split_mode": "layer", "model_draft": None, "spec_draft_n_max": 3,
-        "spec_draft_n_min": 0, "spec_type": "none",
+        "spec_draft_n_min": 0, "spec_type": "none", "spec_draft_p_min": 0.0,
+        "spec_ngram_simple_size_n": 12, "spec_ngram_simple_size_m": 48,
+        "spec_ngram_simple_min_hits": 1, "spec_ngram_mod_n_match": 24, "spec_ngram_mod_n_min": 48,
+        "spec_ngram_mod_n_max": 64, "n_cpu_moe": 0, "cpu_moe": False, "override_tensor": "none",
+        "tensor_split": "", "main_gpu": 0, "fit": "on", "fit_target": 1024, "fit_ctx": 4096,
     }
 
 
@@ -127,7 +214,7 @@ def help_defaults(help_text: str) -> dict[str, str]:
     for entry in entries:
         head = _head(entry[0])
         text = " ".join([entry[0][len(head):].strip(), *entry[1:]])
-        m = re.search(r"default: ([^)]*)\)", text)
+        m = re.search(r"default: ([^()]*)[()]", text)  # "(default: X)", "default: X (env: ..."
         if m:
             for flag in re.findall(r"(?<![\w-])(--[a-zA-Z][\w-]*)", head):
                 out.setdefault(flag, m.group(1).strip().strip("'"))

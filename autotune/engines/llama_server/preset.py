@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from autotune.engines.llama_server.moe_preset import moe_knobs
 from autotune.engines.model_files import ModelSet
 from autotune.engines.predict import GPU_OVERHEAD_GB
 from autotune.engines.presets import WORKLOAD
@@ -21,8 +22,7 @@ def llama_server_preset(ms: ModelSet, box: Box, name: str, config_dir: str) -> s
     out = Lines()
     header(out, ms, box, "llama_server", name, config_dir,
            ("slo", "closed-loop users double while TTFT p95 meets the SLO (conf/workload/slo)"))
-    m, gpu = ms.best, bool(box.gpus)
-    body = Lines()
+    m, gpu, body = ms.best, bool(box.gpus), Lines()
     body.add("space:")
     n = model_knob(body, ms)
     if n:
@@ -44,7 +44,7 @@ def llama_server_preset(ms: ModelSet, box: Box, name: str, config_dir: str) -> s
              "KV cache types: memory for slots")
     body.key(2, "cache_type_v", {"type": "categorical", "choices": kv, "ordered": True},
              "quantized V needs flash_attn")
-    n += 7
+    n += 7 + moe_knobs(body, m, list(box.gpus))  # none for a dense model
     if gpu:
         per_layer = m.size_gb / (m.n_layers + 1)
         room = box.vram_gb - GPU_OVERHEAD_GB * len(box.gpus) - 1.0

@@ -54,12 +54,36 @@ def read_gguf_metadata(model_path: str | Path) -> dict:
     9 s and 700 MB of peak RSS inside the trial worker and so polluted ``peak_rss_mb``.
     This one skips array contents and reads only the metadata (milliseconds, no RSS).
     """
+    return _read_header(model_path, tensors=False)[0]
+
+
+def read_gguf_tensors(model_path: str | Path) -> dict[str, int]:
+    """The GGUF tensor table: tensor name -> bytes of its data (from its shape and type).
+
+    Only the header is read, so a header written without tensor data (a synthetic model's
+    shape) is read as well as a whole file.
+    """
+    from gguf import GGML_QUANT_SIZES
+    from gguf import GGMLQuantizationType
+
+    out: dict[str, int] = {}
+    for name, dims, ttype in _read_header(model_path, tensors=True)[1]:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+        n = 1
+        for d in dims:
+            n *= d
+        out[name] = n // block * size
+    return out
+
+
+def _read_header(model_path: str | Path, tensors: bool) -> tuple[dict, list[tuple]]:
+    """(key/values, [(tensor name, dims, ggml type)] when ``tensors``) of a GGUF header."""
     import mmap
 
     with open(model_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF":
             raise ValueError(f"{model_path}: not a GGUF file (magic {bytes(m[:4])!r})")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
         if version < 2:
             raise ValueError(f"{model_path}: GGUF version {version} is not supported (need >= 2)")
         pos = 24
@@ -93,7 +117,15 @@ def read_gguf_metadata(model_path: str | Path) -> dict:
             key, pos = string(pos)
             (vtype,) = struct.unpack_from("<I", m, pos)
             out[key], pos = value(vtype, pos + 4)
-        return out
+        table: list[tuple] = []
+        for _ in range(n_tensors if tensors else 0):
+            name, pos = string(pos)
+            (n_dims,) = struct.unpack_from("<I", m, pos)
+            dims = struct.unpack_from(f"<{n_dims}Q", m, pos + 4)
+            (ttype,) = struct.unpack_from("<I", m, pos + 4 + 8 * n_dims)
+            table.append((name, dims, ttype))
+            pos += 4 + 8 * n_dims + 4 + 8
+        return out, table
 
 
 class ArrayLen(int):

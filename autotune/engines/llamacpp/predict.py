@@ -1,5 +1,7 @@
 """llama.cpp's pre-launch estimate: RAM and VRAM per GPU from the GGUF header, and a decode bound.
 
+A model with experts is sized from its tensor table instead (:func:`predict_placed`).
+
 The function takes the engine's *full* parameters (defaults, fixed settings and the trial's
 values merged) and returns a :class:`~autotune.engines.predict.Prediction` without loading a model.
 """
@@ -10,6 +12,9 @@ from pathlib import Path
 
 from autotune.engines.llamacpp.gguf_memory import MIB
 from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
+from autotune.engines.llamacpp.moe import layer_table
+from autotune.engines.llamacpp.moe import parse_split
+from autotune.engines.llamacpp.moe import place
 from autotune.engines.predict import GIB
 from autotune.engines.predict import GPU_OVERHEAD_GB
 from autotune.engines.predict import Prediction
@@ -53,6 +58,9 @@ def gguf_file(name: str, variants: dict) -> tuple[Path | None, float]:
 def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
     """RAM (CPU part) and VRAM per GPU (offloaded layers, KV, compute buffer) + decode bound."""
     settings = as_dict(settings)
+    placed = predict_placed(p, settings, variants)
+    if placed is not None:
+        return placed
     path, factor = gguf_file(p.get("model", ""), variants)
     if path is None or not path.exists():
         return Prediction()
@@ -73,7 +81,7 @@ def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
     gpus = gpu_table(settings)
     if not gpus:
         return Prediction(reason="n_gpu_layers > 0 but no GPU is known (engine.settings.gpus)")
-    split = [float(x) for x in p.get("tensor_split") or []] or [1.0]
+    split = parse_split(p.get("tensor_split")) or [1.0]
     if p.get("split_mode") == "none":
         split = [1.0 if i == int(p.get("main_gpu") or 0) else 0.0 for i in range(len(gpus))]
     split = (split + [0.0] * len(gpus))[: len(gpus)]
@@ -87,3 +95,39 @@ def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
     labels = ["RAM"] + [f"GPU {i}" for i in range(len(gpus))]
     return verdict([cpu_need] + need, [ram_available_gb()] + [float(g["memory_gb"]) for g in gpus],
                    labels, decode_bound(parts))
+
+
+def predict_placed(p: dict, settings: dict, variants: dict) -> Prediction | None:
+    """RAM and VRAM per GPU and the decode bound of a MoE model from its tensor table
+    (:mod:`autotune.engines.llamacpp.moe`): each layer's dense and expert bytes on the device
+    that ``n_gpu_layers``, the expert overrides and the split give it; a token reads its
+    layers' dense bytes and the active experts' share of the expert bytes there. None for a
+    model without experts (:func:`predict_llamacpp` sizes it) or one not on disk.
+    """
+    settings = as_dict(settings)
+    path, factor = gguf_file(p.get("model", ""), variants)
+    if path is None or not path.exists():
+        return None
+    table = layer_table(path)
+    if not table["moe"]:
+        return None
+    est = estimate_llamacpp_mb(path, int(p.get("n_ctx") or 0), p.get("type_k", "f16"),
+                               p.get("type_v", "f16"), n_ubatch=int(p.get("n_ubatch") or 512))
+    gpus = gpu_table(settings) if int(p.get("n_gpu_layers") or 0) else []
+    if int(p.get("n_gpu_layers") or 0) and not gpus:
+        return Prediction(reason="n_gpu_layers > 0 but no GPU is known (engine.settings.gpus)")
+    placed = place(table, p, len(gpus), [float(g["memory_gb"]) for g in gpus])
+    kv_layer = est["kv_mb"] * MIB / GIB / max(table["n_layers"], 1)
+    kv = [0.0] * (len(gpus) + 1)
+    for dev in placed["layer_device"][:-1]:
+        kv[dev if p.get("offload_kqv", True) else 0] += kv_layer
+    compute = est["compute_reserved_mb"] * MIB / GIB
+    need = [h * factor / GIB + k for h, k in zip(placed["held"], kv)]
+    need[0] += (est["logits_mb"] + est["runtime_mb"]) * MIB / GIB
+    for j in range(1, len(need)):
+        need[j] += GPU_OVERHEAD_GB + compute if placed["held"][j] else 0.0
+    bws = [ram_bandwidth_gbps(settings)] + [g.get("bandwidth_gbps") for g in gpus]
+    upper = decode_bound([(r * factor, bw) for r, bw in zip(placed["read"], bws)])
+    labels = ["RAM"] + [f"GPU {i}" for i in range(len(gpus))]
+    return verdict(need, [ram_available_gb()] + [float(g["memory_gb"]) for g in gpus],
+                   labels, upper)
