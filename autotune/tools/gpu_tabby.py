@@ -1,0 +1,138 @@
+"""The lease's TabbyAPI step: a real TabbyAPI main started with autotune's exported config.
+
+With the tiny EXL3 model the ``models`` stage made (variant ``e4``), the exllamav3 engine's
+baseline is exported exactly as ``autotune export`` writes it (:func:`tabby_document` and
+:func:`tabby_yaml`: ``tabbyapi.yml``), copied as ``config.yml`` into a fresh folder with only
+the network block changed for the check (a free port, ``disable_auth: true``), and TabbyAPI's
+``main.py`` (``bench/gpu/tabbyAPI``, prepared here: ``prepare.sh``) is started there. One chat
+completion is asked; the row records TabbyAPI's load line, the completion, the TabbyAPI commit
+and the GPU memory it holds (NVML, idle subtracted, as the trials measure) against the trial's
+``exl3 4bpw base`` row. Without a GPU, the export is still written and the row says skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from autotune._files import write_atomic
+from autotune.engines.exllamav3.plan import tabby_yaml
+from autotune.engines.tabbyapi.engine import tabby_document
+from autotune.tools.gpu_stages import RowLog
+
+CASE = "tabby main exl3 chat"
+PARAMS = {"model": "e4", "max_seq_len": 2048, "cache_mode": "FP16", "chunk_size": 512}
+LOADED = ("successfully loaded", "model loaded", "uvicorn running")
+
+
+def export(variants: dict, out: Path) -> tuple[dict, Path]:
+    """``tabbyapi.yml`` for the baseline, as ``autotune export`` writes it; (document, path)."""
+    settings = {"backend": "exllamav3"}
+    doc, warnings = tabby_document(dict(PARAMS), settings, variants)
+    path = out / "tabbyapi.yml"
+    write_atomic(path, tabby_yaml(doc, warnings))
+    return doc, path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict, timeout_s: float) -> dict:
+    import httpx
+
+    r = httpx.post(url, json=body, timeout=timeout_s)
+    r.raise_for_status()
+    return r.json()
+
+
+def serve_and_ask(tabby: Path, doc: dict, work: Path, timeout_s: float) -> dict:
+    """Start TabbyAPI with ``doc`` as its config.yml, ask one chat completion, stop it."""
+    import httpx
+    import yaml
+
+    from autotune.engines.cuda_ext import end_group
+    from autotune.hardware import VramSampler
+
+    port = _free_port()
+    run_doc = {**doc, "network": {**doc["network"], "port": port, "disable_auth": True}}
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "config.yml").write_text(yaml.safe_dump(run_doc, sort_keys=False))
+    log = work / "tabbyapi.log"
+    out: dict = {"port": port, "log": str(log)}
+    t0 = time.monotonic()
+    with VramSampler() as vram, open(log, "w") as f:
+        proc = subprocess.Popen([sys.executable, str(tabby / "main.py")], cwd=work, stdout=f,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            while time.monotonic() - t0 < timeout_s and proc.poll() is None:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+            out["startup_s"] = time.monotonic() - t0
+            if proc.poll() is not None:
+                out["error"] = f"TabbyAPI exited with {proc.returncode} before /health answered"
+            else:
+                model = doc["model"]["model_name"]
+                answer = _post(f"http://127.0.0.1:{port}/v1/chat/completions",
+                               {"model": model, "max_tokens": 16,
+                                "messages": [{"role": "user", "content": "Say hello."}]},
+                               max(10.0, timeout_s - (time.monotonic() - t0)))
+                out["completion"] = answer["choices"][0]["message"]["content"]
+                out["usage"] = answer.get("usage")
+                time.sleep(0.5)  # one more VRAM sample with the model loaded and served
+        except Exception as e:  # noqa: BLE001 - the row says what broke
+            out["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        finally:
+            end_group(proc)
+        out["vram_gb"] = vram.peak_gb if vram.per_gpu else None
+    text = log.read_text(errors="replace").splitlines()
+    out["load_line"] = next((x.strip() for x in text if any(m in x.lower() for m in LOADED)), "")
+    out["log_tail"] = text[-6:]
+    return out
+
+
+def trial_vram(log: RowLog) -> float | None:
+    """The ``exl3 4bpw base`` trial's VRAM, for the comparison."""
+    row = log.latest().get("exl3 4bpw base")
+    return row["row"].get("vram_gb") if row else None
+
+
+def run(tabby: Path, work: Path, out: Path, log: RowLog, cuda: bool, timeout_s: float) -> dict:
+    """The step: export, then (with a GPU and the model) serve and ask; one row appended."""
+    variants = json.loads((work / "variants.json").read_text()) if (work / "variants.json").exists() else {}
+    commit = (tabby / "TABBY_COMMIT").read_text().strip() if (tabby / "TABBY_COMMIT").exists() else ""
+    row = {"case": CASE, "engine": "tabbyapi", "status": "skipped", "decode_tps": None, "ttft_ms": None,
+           "vram_gb": None, "accept_rate": None, "reason": ""}
+    raw: dict = {"tabby_commit": commit}
+    if "e4" not in variants:
+        variants = {**variants, "e4": {"path": str(work / "exl3-t4")}}
+        row["reason"] = "no EXL3 model yet (stage models); the export is written"
+    doc, path = export(variants, out)
+    raw["export"] = str(path)
+    if not (tabby / "main.py").is_file():
+        row["reason"] = f"no TabbyAPI source at {tabby} (bash bench/gpu/prepare.sh here, then carry it)"
+    elif not cuda:
+        row["reason"] = "no CUDA GPU: tabbyapi.yml exported, TabbyAPI not started"
+    elif not row["reason"]:
+        raw.update(serve_and_ask(tabby, doc, work / "tabby-run", timeout_s))
+        ok = "completion" in raw and "error" not in raw
+        row.update(status="ok" if ok else "failed", vram_gb=raw.get("vram_gb"),
+                   reason=(f"commit {commit[:10]}; trial VRAM {trial_vram(log)} GiB; "
+                           f"completion {raw.get('completion', '')!r}") if ok else raw.get("error", "")[:160])
+    log.append({"row": row, "raw": raw, "at": time.time()})
+    write_atomic(out / "tabby.json", json.dumps(raw, indent=1, default=str))
+    print(f"row: {CASE}: {row['status']} {row['reason']}", flush=True)
+    return raw
