@@ -10,12 +10,12 @@
 #      $OUT after every step, so a call cut off at its limit returns what it finished.
 # A second command on the same warm machine goes on (state in bench/gpu/.work). With no GPU it
 # is the kit's dry run: the same steps, the GPU ones skipped and said so, exit 0.
-# Usage: [TOTAL_S=540] [STEPS="tabby llamacpp"] bash bench/gpu/lease.sh
+# Usage: [TOTAL_S=540] [STEPS="tabby llamacpp"] [LEASE_WORK=DIR] bash bench/gpu/lease.sh
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 OUTDIR="${OUT:-$ROOT/bench/gpu/out}"
-WORK="$ROOT/bench/gpu/.work"
+WORK="${LEASE_WORK:-$ROOT/bench/gpu/.work}"
 TOTAL="${TOTAL_S:-540}"
 mkdir -p "$OUTDIR" "$WORK"
 exec > >(tee -a "$OUTDIR/lease.log") 2>&1
