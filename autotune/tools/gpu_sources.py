@@ -27,6 +27,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from autotune.tools import make_tiny_llama
+
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "bench" / "gpu"
 # top-level folders of vendor/llama.cpp the build never reads (models/ holds 78 MB of vocab files)
@@ -34,8 +36,6 @@ LLAMA_DROP = {"models", "docs", "tests", "benches", "media", "examples", "gguf-p
               "scripts", "skills", ".github", ".devops", "ci", "prompts", "grammars", "pocs"}
 # ggml backends other than the CPU's and CUDA's (each is added only when its GGML_* is on)
 GGML_KEEP = {"ggml-cpu", "ggml-cuda", "ggml-blas", "ggml-rpc"}
-CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
-                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 SHAPE = {"layers": 4, "hidden": 256, "ffn": 768, "heads": 4, "ctx": 2048}
 
 
@@ -140,7 +140,7 @@ def write_tiny_gguf(path: Path, seed: int = 1, vocab_size: int = 512) -> Path:
     w.add_eos_token_id(special["</s>"])
     w.add_unk_token_id(special["<unk>"])
     w.add_add_bos_token(True)
-    w.add_chat_template(CHAT_TEMPLATE)
+    w.add_chat_template(make_tiny_llama.CHAT_TEMPLATE)
 
     def mat(rows: int, cols: int) -> np.ndarray:
         return (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16)

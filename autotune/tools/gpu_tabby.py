@@ -104,6 +104,19 @@ def serve_and_ask(tabby: Path, doc: dict, work: Path, timeout_s: float) -> dict:
     return out
 
 
+def chat_template_files(hf: Path, model: Path) -> list[str]:
+    """Copy the tiny model's chat template files the converter left out (TabbyAPI reads
+    ``chat_template.jinja`` or ``tokenizer_config.json`` from the model folder); their names."""
+    import shutil
+
+    copied = []
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        if (hf / name).is_file() and not (model / name).exists():
+            shutil.copy2(hf / name, model / name)
+            copied.append(name)
+    return copied
+
+
 def trial_vram(log: RowLog) -> float | None:
     """The ``exl3 4bpw base`` trial's VRAM, for the comparison."""
     row = log.latest().get("exl3 4bpw base")
@@ -127,6 +140,7 @@ def run(tabby: Path, work: Path, out: Path, log: RowLog, cuda: bool, timeout_s: 
     elif not cuda:
         row["reason"] = "no CUDA GPU: tabbyapi.yml exported, TabbyAPI not started"
     elif not row["reason"]:
+        raw["copied"] = chat_template_files(work / "hf-target", Path(variants["e4"]["path"]))
         raw.update(serve_and_ask(tabby, doc, work / "tabby-run", timeout_s))
         ok = "completion" in raw and "error" not in raw
         row.update(status="ok" if ok else "failed", vram_gb=raw.get("vram_gb"),

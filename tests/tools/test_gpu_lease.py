@@ -84,8 +84,8 @@ def test_the_tiny_gguf_loads_in_a_real_llama_server(tmp_path: Path) -> None:
     """Written with the gguf package (no converter, no torch) and answered by llama-server."""
     pytest.importorskip("gguf")
     pytest.importorskip("tokenizers")
-    from autotune.engines.llama_server.build import find_binary
     from autotune.engines.cuda_ext import end_group
+    from autotune.engines.llama_server.build import find_binary
     from autotune.tools.gpu_sources import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
