@@ -6,7 +6,9 @@
 #   llama.cpp/  llama.cpp from llama-cpp-python's sdist, trimmed to the llama-server build
 #   gguf/       a tiny Llama GGUF that llama.cpp loads
 # The lock's closure is checked as it is written (fetch_wheels.sh exits 2 on a gap); then the
-# carry list's size is printed (at most 64 MiB per device call).
+# venv check (autotune.tools.gpu_venv): TabbyAPI's and the carried wheels' modules import in a
+# clean Python 3.12 venv made only of the carried wheels and the machine's packages (torch
+# left out). Last, the carry list's size (at most 64 MiB per device call).
 # Usage: [TABBY_SRC=DIR] [LLAMA_CPP_PYTHON=0.3.36] bash bench/gpu/prepare.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -18,6 +20,7 @@ py autotune.tools.gpu_sources tabby "$TABBY_SRC"
 bash "$HERE/fetch_wheels.sh"
 py autotune.tools.gpu_sources llama ${LLAMA_CPP_PYTHON:+--version "$LLAMA_CPP_PYTHON"}
 py autotune.tools.gpu_sources gguf
+py autotune.tools.gpu_venv
 du -sh "$HERE/wheels" "$HERE/tabbyAPI" "$HERE/llama.cpp" "$HERE/gguf"
 du -sc "$HERE/wheels" "$HERE/tabbyAPI" "$HERE/llama.cpp" "$HERE/gguf" | tail -1 \
   | awk '{ printf "carry: %.1f MiB of 64\n", $1 / 1024 }'

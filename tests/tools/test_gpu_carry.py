@@ -103,3 +103,21 @@ def test_the_env_check_names_what_is_missing_here() -> None:
     assert any(p.startswith("packaging ") and ">=99" in p for p in problems)
     ok, imported = env_problems({"carried": {}, "machine": {"packaging": {"specifiers": []}}})
     assert ok == [] and "packaging" in imported
+
+
+def test_the_venv_check_sorts_gpu_only_imports_from_real_failures(tmp_path: Path) -> None:
+    """gpu_venv's pure parts: TabbyAPI's module list and the classification of import results."""
+    from autotune.tools.gpu_venv import classify
+    from autotune.tools.gpu_venv import fetched
+    from autotune.tools.gpu_venv import tabby_modules
+
+    for rel in ("main.py", "common/__init__.py", "common/args.py", "endpoints/OAI/router.py",
+                "backends/exllamav3/model.py", "backends/infinity/model.py", "tests/x.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert tabby_modules(tmp_path) == ["main", "common", "common.args", "endpoints.OAI.router",
+                                       "backends.exllamav3.model"]
+    results = {"a": "", "b": json.dumps(["ModuleNotFoundError", "No module named 'torch'", "torch"]),
+               "c": json.dumps(["ModuleNotFoundError", "No module named 'pydantic'", "pydantic"])}
+    assert classify(results) == (["b (torch)"], ["c: ModuleNotFoundError: No module named 'pydantic'"])
+    assert not fetched("torch") and not fetched("nvidia-cublas") and fetched("pydantic")
