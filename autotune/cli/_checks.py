@@ -12,6 +12,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,11 +208,25 @@ def llama_server_binary() -> str | None:
         return shutil.which("llama-server")
 
 
+def llama_server_devices(path: str) -> list[str]:
+    """The devices a llama-server build offers (``--list-devices``: ``CUDA0: NVIDIA H100 ...``);
+    [] for a CPU-only build, which lists none."""
+    try:
+        out = subprocess.run([path, "--list-devices"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x.strip() for x in (out.stdout + out.stderr).splitlines()
+            if re.match(r"\s+[A-Za-z]+\d+: ", x)]
+
+
 def check_llama_server() -> list[Check]:
     eng = ("llama_server",) if "llama_server" in ENGINES else ()
     path = llama_server_binary()
     if path:
-        return [Check("llama-server", "ok", path, "", eng)]
+        devices = llama_server_devices(path)
+        kind = "CUDA build" if any(d.startswith("CUDA") for d in devices) else "GPU build" if devices \
+            else "CPU build"
+        return [Check("llama-server", "ok", f"{path} ({kind}{': ' + devices[0] if devices else ''})", "", eng)]
     return [Check("llama-server", "warn", "no llama-server binary (on PATH or built in the cache); "
                   "built before the first llama_server trial", "python -m "
                   "autotune.engines.llama_server.build", eng)]

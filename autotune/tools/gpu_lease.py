@@ -62,9 +62,13 @@ def verified(rows_path: Path) -> set[str]:
             or (r["row"]["status"] == "infeasible" and r["row"].get("reason"))}
 
 
-def plan(rows_path: Path) -> list[tuple[str, list[str]]]:
-    """(step, its unverified cases) for every step with one, in :data:`STEPS` order."""
-    done = verified(rows_path)
+def plan(rows_path: Path, here: Path | None = None) -> list[tuple[str, list[str]]]:
+    """(step, its unverified cases) for every step with one, in :data:`STEPS` order.
+
+    ``here``: this machine's rows (the state folder's), verified by an earlier command of
+    this lease; a second command does not plan them again.
+    """
+    done = verified(rows_path) | (verified(here) if here else set())
     out = []
     for step, names in step_cases().items():
         todo = [n for n in names if n not in done]
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     out, work = Path(a.out), Path(a.work)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    todo = [(s, []) for s in a.steps] if a.steps else plan(Path(a.rows))
+    todo = [(s, []) for s in a.steps] if a.steps else plan(Path(a.rows), work / "rows.jsonl")
     gpu = has_gpu()
     print("plan: " + ("; ".join(f"{s} ({len(c)} unverified)" if c else s for s, c in todo) or "nothing left"),
           flush=True)

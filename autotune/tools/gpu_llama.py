@@ -5,7 +5,8 @@ The source is ``bench/gpu/llama.cpp`` (llama-cpp-python's vendored llama.cpp, tr
 cmake options as :mod:`autotune.engines.llama_server.build` plus ``GGML_CUDA=on`` for this
 GPU's architecture only (``nvidia-smi``'s compute capability: 9.0 -> ``90``), so nvcc compiles
 one architecture, not every one. ninja-less cmake resumes a build a killed command left half
-done. The tiny GGUF (``bench/gpu/gguf/tiny-f16.gguf``) becomes variant ``gg`` of the rows
+done; ``autotune doctor``'s llama-server line for the build (it must say CUDA) is kept in
+``llama.json``. The tiny GGUF (``bench/gpu/gguf/tiny-f16.gguf``) becomes variant ``gg`` of the rows
 (:func:`autotune.tools.gpu_check.llamacpp_cases`), run by the ``llama_server`` engine.
 """
 
@@ -70,9 +71,22 @@ def build(work: Path, deadline: Deadline, src: Path = SOURCE) -> str:
                        deadline.timeout(1800), work / "llama-build.log")
     spent = time.monotonic() - t0
     state.update(arch=arch, build_s=state.get("build_s", 0.0) + spent, error=why)
+    if not why:
+        state["doctor"] = doctor_line(work)
     write_atomic(work / "llama.json", json.dumps(state))
     print(f"llama-server CUDA build (sm_{arch}): {'done' if not why else why} in {spent:.0f} s", flush=True)
     return why
+
+
+def doctor_line(work: Path) -> str:
+    """What ``autotune doctor`` says of this build (its llama-server check, the build on PATH)."""
+    from autotune.cli._checks import check_llama_server
+
+    os.environ["PATH"] = f"{binary(work).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    check = check_llama_server()[0]
+    line = f"autotune doctor: {check.name}: {check.verdict}: {check.detail}"
+    print(line, flush=True)
+    return line
 
 
 def register_gguf(work: Path, gguf: Path = GGUF) -> bool:

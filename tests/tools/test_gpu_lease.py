@@ -46,6 +46,9 @@ def test_verified_steps_drop_out_and_a_later_failure_counts(tmp_path: Path) -> N
     with open(rows, "a") as f:
         f.write(_row("exl3 4bpw base", "failed", "boom"))  # the last row of a case counts
     assert plan(rows)[0] == ("exl3", ["exl3 4bpw base"])
+    here = tmp_path / "here.jsonl"  # a first command on this machine verified it again
+    here.write_text(_row("exl3 4bpw base", "ok"))
+    assert [s for s, _ in plan(rows, here)] == ["llamacpp", "exl2"]
 
 
 def test_the_archive_holds_logs_and_json_not_models(tmp_path: Path) -> None:
