@@ -6,7 +6,7 @@ The lent machine (Python 3.12, Linux x86_64, no network) has the packages of :da
 carry list is their closure: every ``Requires-Dist`` of every carried wheel (markers evaluated
 for that machine, no extras) that the machine lacks is carried too, down to the leaves.
 
-``python -m autotune.tools.gpu_carry lock --wheels DIR [--tabby DIR]`` (``fetch_wheels.sh``,
+``python -m autotune.tools.gpu_carry lock --wheels DIR [--tabby DIR] [--tabby-exl2 DIR]`` (``fetch_wheels.sh``,
 here, with network) downloads the closure into ``DIR`` and writes :data:`LOCK`
 (``bench/gpu/carry.json``, committed): each carried wheel's version, file, size, requirements
 and import names, and what it needs from the machine. ``tests/tools/test_gpu_carry.py`` checks
@@ -46,6 +46,7 @@ ROOTS = {
     "typing-extensions>=4.14.1": "pydantic-core's lower bound, newer than some machines have",
 }
 TABBY_WHY = "TabbyAPI main (pyproject.toml)"
+TABBY_EXL2_WHY = "TabbyAPI exl2-checkpoint (pyproject.toml)"
 KERNEL_BUILDERS = frozenset({"exllamav2", "exllamav3"})  # importing them compiles CUDA kernels
 # GPU_MACHINE.md's full list (2026-11-17); "nvidia-*" stands for the CUDA 13 libraries
 MACHINE = frozenset(canonicalize_name(n) for n in """
@@ -130,6 +131,19 @@ def download(req: str, dest: Path) -> Path:
     return next(w for w in sorted(new) if canonicalize_name(w.name.split("-")[0]) == name)
 
 
+def merge_roots(roots: dict[str, str]) -> list[tuple[str, str]]:
+    """One requirement per package: the roots' specifiers for it together (``pydantic==2.11.0``
+    from TabbyAPI exl2-checkpoint with main's ``pydantic>=2.11,<3``), markers dropped (they
+    were evaluated for the machine)."""
+    merged: dict[str, tuple[list[str], list[str]]] = {}
+    for spec, why in roots.items():
+        req = Requirement(spec)
+        specs, whys = merged.setdefault(canonicalize_name(req.name), ([], []))
+        specs += [str(req.specifier)] if str(req.specifier) else []
+        whys += [why] if why not in whys else []
+    return [(name + ",".join(specs), "; ".join(whys)) for name, (specs, whys) in merged.items()]
+
+
 def lock(roots: dict[str, str], dest: Path) -> dict:
     """The closure of ``roots`` (requirement -> why): carried wheels and the machine's share.
 
@@ -138,12 +152,12 @@ def lock(roots: dict[str, str], dest: Path) -> dict:
     dest.mkdir(parents=True, exist_ok=True)
     carried: dict[str, dict] = {}
     machine: dict[str, dict] = {}
-    queue = [(r, why) for r, why in roots.items()]
+    queue = merge_roots(roots)
     while queue:
         spec, why = queue.pop(0)
         req = Requirement(spec)
         name = canonicalize_name(req.name)
-        if on_machine(name) and spec not in ROOTS:
+        if on_machine(name) and not any(canonicalize_name(Requirement(r).name) == name for r in ROOTS):
             entry = machine.setdefault(name, {"specifiers": [], "needed_by": []})
             entry["specifiers"] = sorted({*entry["specifiers"], str(req.specifier)} - {""})
             entry["needed_by"] = sorted({*entry["needed_by"], why})
@@ -239,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     lk = sub.add_parser("lock", help="download the closure (network) and write bench/gpu/carry.json")
     lk.add_argument("--wheels", default=str(ROOT / "bench" / "gpu" / "wheels"))
-    lk.add_argument("--tabby", help="TabbyAPI's source folder: its dependencies are carried too")
+    lk.add_argument("--tabby", help="TabbyAPI main's source folder: its dependencies are carried too")
+    lk.add_argument("--tabby-exl2", help="TabbyAPI exl2-checkpoint's source folder, the same")
     lk.add_argument("--lock", default=str(LOCK))
     ins = sub.add_parser("install", help="pip install the carried wheels there (no network)")
     ins.add_argument("--wheels", default=str(ROOT / "bench" / "gpu" / "wheels"))
@@ -250,11 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.cmd == "lock":
         roots = dict(ROOTS)
-        if a.tabby:
-            roots.update({d: TABBY_WHY for d in tabby_roots(Path(a.tabby))})
-        elif Path(a.lock).exists():  # no TabbyAPI source here: keep the roots it gave last time
-            old = json.loads(Path(a.lock).read_text())["roots"]
-            roots.update({d: w for d, w in old.items() if w == TABBY_WHY})
+        old = json.loads(Path(a.lock).read_text())["roots"] if Path(a.lock).exists() else {}
+        for folder, why in ((a.tabby, TABBY_WHY), (a.tabby_exl2, TABBY_EXL2_WHY)):
+            specs = tabby_roots(Path(folder)) if folder else [d for d, w in old.items() if why in w.split("; ")]
+            for d in specs:  # without the source here, the roots it gave last time
+                roots[d] = f"{roots[d]}; {why}" if d in roots else why
         data = lock(roots, Path(a.wheels))
         Path(a.lock).write_text(json.dumps(data, indent=1) + "\n")
         problems = closure_problems(data)

@@ -5,8 +5,8 @@
 (``bench/results/gpu/rows.jsonl``): a case is verified when its last row there is ``ok`` or
 ``infeasible`` with a reason (a planned refusal). The steps of :data:`STEPS` that still hold an
 unverified case run in that order: ExLlamaV3 (kernels, its conversions, its rows), TabbyAPI
-main with the exported config, llama.cpp on CUDA (build and rows), then ExLlamaV2's leftovers
-(its self-draft row). Each step gets what is left of ``--total-s`` less a reserve for the
+main with the exported config, llama.cpp on CUDA (build and rows), ExLlamaV2's leftovers (its
+self-draft row), then TabbyAPI exl2-checkpoint with the EXL2 export. Each step gets what is left of ``--total-s`` less a reserve for the
 table, and after each one the table (``gpu_check.md``) and ``logs.tgz`` (every log and JSON of
 the state folder under 4 MB, no model files) are rewritten in ``$OUT``: a call cut off by its
 limit still returns everything finished. A second command on the same warm machine resumes:
@@ -41,7 +41,9 @@ STEPS = {
     "tabby": ("exllamav3", ["tabby"], 150.0),
     "llamacpp": ("llama_server", ["llamacpp"], 480.0),
     "exl2": ("exllamav2", ["ext", "models", "exl2-a", "exl2-b"], 420.0),
+    "tabby-exl2": ("exllamav2", ["tabby"], 150.0),
 }
+TABBY_STEPS = {"tabby": "main", "tabby-exl2": "exl2"}  # step -> gpu_tabby branch
 
 
 def step_cases() -> dict[str, list[str]]:
@@ -49,10 +51,11 @@ def step_cases() -> dict[str, list[str]]:
     from autotune.tools.gpu_check import exl2_cases
     from autotune.tools.gpu_check import exl3_cases
     from autotune.tools.gpu_check import llamacpp_cases
-    from autotune.tools.gpu_tabby import CASE
+    from autotune.tools.gpu_tabby import BRANCHES
 
-    return {"exl3": [c.name for c in exl3_cases()], "tabby": [CASE],
-            "llamacpp": [c.name for c in llamacpp_cases()], "exl2": [c.name for c in exl2_cases([4.0, 6.0], 80.0)]}
+    return {"exl3": [c.name for c in exl3_cases()], "tabby": [BRANCHES["main"]["case"]],
+            "llamacpp": [c.name for c in llamacpp_cases()], "exl2": [c.name for c in exl2_cases([4.0, 6.0], 80.0)],
+            "tabby-exl2": [BRANCHES["exl2"]["case"]]}
 
 
 def verified(rows_path: Path) -> set[str]:
@@ -130,10 +133,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t1 = time.monotonic()
         print(f"== {step} (at most {min(cap, left):.0f} s)", flush=True)
-        if step == "tabby":
+        if step in TABBY_STEPS:
             from autotune.tools.gpu_tabby import run as tabby_run
 
-            tabby_run(ROOT / "bench" / "gpu" / "tabbyAPI", work, out, RowLog(work / "rows.jsonl", out / "rows.jsonl"),
+            tabby_run(TABBY_STEPS[step], work, out, RowLog(work / "rows.jsonl", out / "rows.jsonl"),
                       cuda=gpu, timeout_s=min(cap, left))
         elif gpu:
             run_check(stages, engine, out, work, min(cap, left))

@@ -5,7 +5,8 @@ All of it goes into git-ignored folders under ``bench/gpu/`` and travels with a 
 
 ``tabby SRC``  TabbyAPI's main branch from a git directory (a clone, or the bare mirror the
                ``fetch`` tool makes) or a plain folder into ``bench/gpu/tabbyAPI``, with its
-               commit in ``TABBY_COMMIT`` (:func:`tabby_source`);
+               commit in ``TABBY_COMMIT`` (:func:`tabby_source`); ``--ref exl2-checkpoint
+               --dest bench/gpu/tabbyAPI-exl2``: the branch that drives exllamav2;
 ``llama``      llama.cpp as vendored in llama-cpp-python's sdist (the installed version, so
                the server and the binding agree), trimmed to what the ``llama-server`` CUDA
                build needs, into ``bench/gpu/llama.cpp`` (:func:`llama_source`);
@@ -39,17 +40,19 @@ GGML_KEEP = {"ggml-cpu", "ggml-cuda", "ggml-blas", "ggml-rpc"}
 SHAPE = {"layers": 4, "hidden": 256, "ffn": 768, "heads": 4, "ctx": 2048}
 
 
-def tabby_source(src: Path, dest: Path) -> str:
-    """Export TabbyAPI's tree at ``src``'s HEAD into ``dest``; returns the commit (or '')."""
+def tabby_source(src: Path, dest: Path, ref: str = "HEAD") -> str:
+    """Export TabbyAPI's tree at ``src``'s ``ref`` (HEAD: main; ``exl2-checkpoint``) into
+    ``dest``; returns the commit (or '' for a plain folder, copied as it is)."""
     src = Path(src)
     git = ["git", "--git-dir", str(src)] if (src / "HEAD").is_file() and (src / "objects").is_dir() \
         else ["git", "-C", str(src)]
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=False)
+    commit = subprocess.run([*git, "rev-parse", "--verify", f"{ref}^{{commit}}"], capture_output=True,
+                            text=True, check=False)
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
     if commit.returncode == 0:
-        tar = subprocess.run([*git, "archive", "--format=tar", "HEAD"], capture_output=True, check=True)
+        tar = subprocess.run([*git, "archive", "--format=tar", ref], capture_output=True, check=True)
         with tarfile.open(fileobj=io.BytesIO(tar.stdout)) as t:
             t.extractall(dest, filter="data")
         sha = commit.stdout.strip()
@@ -169,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     tb = sub.add_parser("tabby", help="TabbyAPI's source into bench/gpu/tabbyAPI")
     tb.add_argument("src", help="a TabbyAPI git directory (clone or bare mirror) or folder")
+    tb.add_argument("--ref", default="HEAD", help="the branch or commit (default HEAD: main)")
     tb.add_argument("--dest", default=str(KIT / "tabbyAPI"))
     ll = sub.add_parser("llama", help="trimmed llama.cpp source into bench/gpu/llama.cpp")
     ll.add_argument("--version", help="llama-cpp-python version (default: the installed one)")
@@ -182,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: TabbyAPI source {a.src!r} does not exist (fetch github:theroyallab/tabbyAPI)",
                   file=sys.stderr)
             return 2
-        sha = tabby_source(Path(a.src), Path(a.dest))
+        sha = tabby_source(Path(a.src), Path(a.dest), a.ref)
         print(f"TabbyAPI {sha or '(no git commit)'} -> {a.dest}")
     elif a.cmd == "llama":
         from importlib.metadata import version

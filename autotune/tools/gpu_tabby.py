@@ -1,13 +1,16 @@
-"""The lease's TabbyAPI step: a real TabbyAPI main started with autotune's exported config.
+"""The lease's TabbyAPI steps: a real TabbyAPI started with the config autotune exported.
 
-With the tiny EXL3 model the ``models`` stage made (variant ``e4``), the exllamav3 engine's
-baseline is exported exactly as ``autotune export`` writes it (:func:`tabby_document` and
-:func:`tabby_yaml`: ``tabbyapi.yml``), copied as ``config.yml`` into a fresh folder with only
-the network block changed for the check (a free port, ``disable_auth: true``), and TabbyAPI's
-``main.py`` (``bench/gpu/tabbyAPI``, prepared here: ``prepare.sh``) is started there. One chat
-completion is asked; the row records TabbyAPI's load line, the completion, the TabbyAPI commit
-and the GPU memory it holds (NVML, idle subtracted, as the trials measure) against the trial's
-``exl3 4bpw base`` row. Without a GPU, the export is still written and the row says skipped.
+``main`` (TabbyAPI's main branch, ExLlamaV3): with the tiny EXL3 model the ``models`` stage
+made (variant ``e4``), the exllamav3 engine's baseline is exported by the engine's own
+``export`` (what ``autotune export`` writes: ``tabbyapi.yml``), copied as ``config.yml`` into a
+fresh folder with only the network block changed for the check (a free port,
+``disable_auth: true``), and TabbyAPI's ``main.py`` (``bench/gpu/tabbyAPI``, prepared here:
+``prepare.sh``) is started there. One chat completion is asked; the row records TabbyAPI's load
+line, the completion, the TabbyAPI commit and the GPU memory it holds (NVML, idle subtracted,
+as the trials measure) against the trial's baseline row. ``exl2`` does the same with the
+exllamav2 export of the 4 bpw EXL2 model on the ``exl2-checkpoint`` branch
+(``bench/gpu/tabbyAPI-exl2``). Without a GPU the export is still written and the row says
+skipped.
 """
 
 from __future__ import annotations
@@ -20,22 +23,30 @@ import time
 from pathlib import Path
 
 from autotune._files import write_atomic
-from autotune.engines.exllamav3.plan import tabby_yaml
-from autotune.engines.tabbyapi.engine import tabby_document
+from autotune.engines.base import get_engine_class
 from autotune.tools.gpu_stages import RowLog
 
-CASE = "tabby main exl3 chat"
-PARAMS = {"model": "e4", "max_seq_len": 2048, "cache_mode": "FP16", "chunk_size": 512}
+KIT = Path(__file__).resolve().parents[2] / "bench" / "gpu"
+BASE = {"max_seq_len": 2048, "cache_mode": "FP16", "chunk_size": 512}
+# branch -> its case, source folder, backend engine, parameters, model variant, trial row
+BRANCHES = {
+    "main": {"case": "tabby main exl3 chat", "dir": "tabbyAPI", "engine": "exllamav3",
+             "params": {**BASE, "model": "e4"}, "model": "e4", "trial": "exl3 4bpw base"},
+    "exl2": {"case": "tabby exl2-checkpoint exl2 chat", "dir": "tabbyAPI-exl2", "engine": "exllamav2",
+             "params": {**BASE, "gpu_split": "auto", "model": "t4"}, "model": "t4", "trial": "exl2 4bpw base"},
+}
+CASE = BRANCHES["main"]["case"]
 LOADED = ("successfully loaded", "model loaded", "uvicorn running")
 
 
-def export(variants: dict, out: Path) -> tuple[dict, Path]:
-    """``tabbyapi.yml`` for the baseline, as ``autotune export`` writes it; (document, path)."""
-    settings = {"backend": "exllamav3"}
-    doc, warnings = tabby_document(dict(PARAMS), settings, variants)
-    path = out / "tabbyapi.yml"
-    write_atomic(path, tabby_yaml(doc, warnings))
-    return doc, path
+def export(branch: str, variants: dict, out: Path) -> tuple[dict, Path]:
+    """The engine's own export of the baseline (``tabbyapi.yml``); (its document, its path)."""
+    import yaml
+
+    b = BRANCHES[branch]
+    files = get_engine_class(b["engine"]).export(dict(b["params"]), {}, variants, out / f"export-{branch}")
+    path = next(f for f in files if f.name == "tabbyapi.yml")
+    return yaml.safe_load(path.read_text()), path
 
 
 def _free_port() -> int:
@@ -117,36 +128,40 @@ def chat_template_files(hf: Path, model: Path) -> list[str]:
     return copied
 
 
-def trial_vram(log: RowLog) -> float | None:
-    """The ``exl3 4bpw base`` trial's VRAM, for the comparison."""
-    row = log.latest().get("exl3 4bpw base")
+def trial_vram(log: RowLog, case: str) -> float | None:
+    """The baseline trial's VRAM (``case``), for the comparison."""
+    row = log.latest().get(case)
     return row["row"].get("vram_gb") if row else None
 
 
-def run(tabby: Path, work: Path, out: Path, log: RowLog, cuda: bool, timeout_s: float) -> dict:
-    """The step: export, then (with a GPU and the model) serve and ask; one row appended."""
+def run(branch: str, work: Path, out: Path, log: RowLog, cuda: bool, timeout_s: float,
+        kit: Path = KIT) -> dict:
+    """One branch's step: export, then (with a GPU and the model) serve and ask; one row."""
+    b = BRANCHES[branch]
+    tabby = kit / b["dir"]
     variants = json.loads((work / "variants.json").read_text()) if (work / "variants.json").exists() else {}
     commit = (tabby / "TABBY_COMMIT").read_text().strip() if (tabby / "TABBY_COMMIT").exists() else ""
-    row = {"case": CASE, "engine": "tabbyapi", "status": "skipped", "decode_tps": None, "ttft_ms": None,
+    row = {"case": b["case"], "engine": "tabbyapi", "status": "skipped", "decode_tps": None, "ttft_ms": None,
            "vram_gb": None, "accept_rate": None, "reason": ""}
-    raw: dict = {"tabby_commit": commit}
-    if "e4" not in variants:
-        variants = {**variants, "e4": {"path": str(work / "exl3-t4")}}
-        row["reason"] = "no EXL3 model yet (stage models); the export is written"
-    doc, path = export(variants, out)
+    raw: dict = {"branch": branch, "tabby_commit": commit}
+    if b["model"] not in variants:
+        model_dir = {"e4": "exl3-t4", "t4": "exl2-t4"}[b["model"]]
+        variants = {**variants, b["model"]: {"path": str(work / model_dir), "bpw": 4.0}}
+        row["reason"] = "no model yet (stage models); the export is written"
+    doc, path = export(branch, variants, out)
     raw["export"] = str(path)
     if not (tabby / "main.py").is_file():
         row["reason"] = f"no TabbyAPI source at {tabby} (bash bench/gpu/prepare.sh here, then carry it)"
     elif not cuda:
         row["reason"] = "no CUDA GPU: tabbyapi.yml exported, TabbyAPI not started"
     elif not row["reason"]:
-        raw["copied"] = chat_template_files(work / "hf-target", Path(variants["e4"]["path"]))
-        raw.update(serve_and_ask(tabby, doc, work / "tabby-run", timeout_s))
+        raw["copied"] = chat_template_files(work / "hf-target", Path(variants[b["model"]]["path"]))
+        raw.update(serve_and_ask(tabby, doc, work / f"tabby-{branch}", timeout_s))
         ok = "completion" in raw and "error" not in raw
         row.update(status="ok" if ok else "failed", vram_gb=raw.get("vram_gb"),
-                   reason=(f"commit {commit[:10]}; trial VRAM {trial_vram(log)} GiB; "
+                   reason=(f"commit {commit[:10]}; trial VRAM {trial_vram(log, b['trial'])} GiB; "
                            f"completion {raw.get('completion', '')!r}") if ok else raw.get("error", "")[:160])
     log.append({"row": row, "raw": raw, "at": time.time()})
-    write_atomic(out / "tabby.json", json.dumps(raw, indent=1, default=str))
-    print(f"row: {CASE}: {row['status']} {row['reason']}", flush=True)
+    write_atomic(out / f"tabby-{branch}.json", json.dumps(raw, indent=1, default=str))
+    print(f"row: {b['case']}: {row['status']} {row['reason']}", flush=True)
     return raw

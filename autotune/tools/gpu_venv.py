@@ -7,7 +7,8 @@ Python 3.12 venv from two sources only, both with ``pip --no-index``: the carrie
 list, fetched once into ``~/.cache/autotune/gpu-machine-wheels``). torch, triton and the CUDA
 libraries are left out (gigabytes; the machine has them), so exllamav2 and exllamav3 go in
 with ``--no-deps``. Then, in that venv, every module of TabbyAPI's source (``common``,
-``endpoints``, ``backends/exllamav3``, ``main``) and of every carried wheel is imported: an
+``endpoints``, ``backends/exllamav3``, ``main``; exl2-checkpoint's too, with
+``backends/exllamav2``) and of every carried wheel is imported: an
 import that fails for want of torch (or what only a GPU build provides) is reported as not
 checkable on CPU; any other failure (a missing package above all) is an error, exit 2.
 """
@@ -34,7 +35,7 @@ from autotune.tools.gpu_carry import wheel_facts
 NOT_FETCHED = ("torch", "triton", "nvidia-", "cuda-")  # on the machine; too large to fetch here
 # modules only the GPU machine provides: an import failing on one of them is not a finding here
 GPU_ONLY = {"torch", "triton", "exllamav2_ext", "exllamav3_ext", "flash_attn", "infinity_emb", "winloop"}
-TABBY_PARTS = ("common", "endpoints", "backends/exllamav3")
+TABBY_PARTS = ("common", "endpoints", "backends/exllamav3", "backends/exllamav2")
 IMPORTS = """
 import importlib, json, sys
 out = {}
@@ -96,7 +97,9 @@ def tabby_modules(tabby: Path) -> list[str]:
 
 
 def classify(results: dict[str, str]) -> tuple[list[str], list[str]]:
-    """(not checkable on CPU, errors) from the venv's import results."""
+    """(not checkable on CPU, errors) from the venv's import results. A module that fails only
+    inside a cycle of TabbyAPI's own modules when imported first (exl2-checkpoint's
+    ``common.multimodal``) is not a missing package: listed with the unchecked ones."""
     cpu_only, errors = [], []
     for mod, res in results.items():
         if not res:
@@ -105,6 +108,8 @@ def classify(results: dict[str, str]) -> tuple[list[str], list[str]]:
         root = (missing or "").split(".")[0]
         if root in GPU_ONLY or "CUDA" in text or "nvcc" in text:
             cpu_only.append(f"{mod} ({root or kind})")
+        elif "partially initialized module" in text:  # TabbyAPI's own cycle entered from here
+            cpu_only.append(f"{mod} (an import cycle of TabbyAPI's own, entered from this module)")
         else:
             errors.append(f"{mod}: {kind}: {text}")
     return cpu_only, errors
@@ -125,7 +130,9 @@ def find_python312(given: str | None) -> str | None:
     return None
 
 
-def run(venv: Path, wheels: Path, tabby: Path, machine_dir: Path, python: str = "python3.12") -> int:
+def run(venv: Path, wheels: Path, trees: list[Path], machine_dir: Path, python: str = "python3.12") -> int:
+    """Build the venv, import every module of the TabbyAPI ``trees`` and the carried wheels;
+    0 when nothing fails but for want of torch or kernels, else 2 (the reasons on stderr)."""
     data = json.loads(LOCK.read_text())
     mwheels, notes = machine_wheels(data, machine_dir)
     problems: list[str] = []
@@ -141,15 +148,25 @@ def run(venv: Path, wheels: Path, tabby: Path, machine_dir: Path, python: str = 
         problems.append("pip: " + " | ".join(x for x in done.stderr.splitlines() if "ERROR" in x)[:400])
     kernels = [str(wheels / c["file"]) for n, c in data["carried"].items() if n in KERNEL_BUILDERS]
     subprocess.run([*pip, "--no-deps", *kernels], check=True)
-    mods = tabby_modules(tabby) + sorted({m for c in data["carried"].values() for m in c["imports"]})
-    res = subprocess.run([vpy, "-c", IMPORTS, *mods], capture_output=True, text=True, cwd=tabby, check=False)
-    results = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {}
-    if res.returncode:
-        problems.append(f"the import run failed: {res.stderr.strip()[-300:]}")
+    results: dict[str, str] = {}
+    carried_mods = sorted({m for c in data["carried"].values() for m in c["imports"]})
+    for i, tree in enumerate(t for t in trees if (t / "main.py").is_file()):
+        mods = tabby_modules(tree) + (carried_mods if i == 0 else [])
+        res = subprocess.run([vpy, "-c", IMPORTS, *mods], capture_output=True, text=True, cwd=tree, check=False)
+        if res.returncode:
+            problems.append(f"the import run in {tree.name} failed: {res.stderr.strip()[-300:]}")
+            continue
+        got = json.loads(res.stdout.strip().splitlines()[-1])
+        for m in [m for m, v in got.items() if v and not classify({m: v})[0]]:
+            # an import order artefact (a cycle entered from the middle)? again, in its own process
+            alone = subprocess.run([vpy, "-c", IMPORTS, m], capture_output=True, text=True, cwd=tree, check=False)
+            if alone.returncode == 0:
+                got[m] = json.loads(alone.stdout.strip().splitlines()[-1])[m]
+        results.update({f"{tree.name}:{m}" if m in tabby_modules(tree) else m: v for m, v in got.items()})
     cpu_only, errors = classify(results)
     ok = sum(1 for v in results.values() if not v)
     print(f"venv {venv} ({len(mwheels)} machine wheels + carried): {ok} of {len(results)} modules import; "
-          f"{len(cpu_only)} need the GPU machine's torch or kernels")
+          f"{len(cpu_only)} not checkable here (torch, kernels, or an import cycle of TabbyAPI's own)")
     for line in notes:
         print(f"note: {line}")
     for line in problems + errors:
@@ -162,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--venv", default=str(cache_dir().parent / "gpu-venv"))
     ap.add_argument("--wheels", default=str(ROOT / "bench" / "gpu" / "wheels"))
     ap.add_argument("--tabby", default=str(ROOT / "bench" / "gpu" / "tabbyAPI"))
+    ap.add_argument("--tabby-exl2", default=str(ROOT / "bench" / "gpu" / "tabbyAPI-exl2"))
     ap.add_argument("--machine-wheels", default=str(cache_dir().parent / "gpu-machine-wheels"))
     ap.add_argument("--python", help="a Python 3.12, the machine's version (default: found)")
     a = ap.parse_args(argv)
@@ -173,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --python={a.python or 'python3.12'} is no working Python 3.12 (the machine's version)",
               file=sys.stderr)
         return 2
-    return run(Path(a.venv), Path(a.wheels), Path(a.tabby), Path(a.machine_wheels), python)
+    return run(Path(a.venv), Path(a.wheels), [Path(a.tabby), Path(a.tabby_exl2)], Path(a.machine_wheels), python)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 # Everything the next GPU lease carries, prepared here (with network) into git-ignored folders
 # of bench/gpu/ (never committed), then checked:
 #   tabbyAPI/   TabbyAPI main's source (a git dir: TABBY_SRC, default the fetch tool's mirror)
+#   tabbyAPI-exl2/  its exl2-checkpoint branch (TabbyAPI's last exllamav2 version)
 #   wheels/     every wheel that machine lacks (fetch_wheels.sh; rewrites bench/gpu/carry.json)
 #   llama.cpp/  llama.cpp from llama-cpp-python's sdist, trimmed to the llama-server build
 #   gguf/       a tiny Llama GGUF that llama.cpp loads
@@ -17,6 +18,7 @@ cd "$ROOT"
 TABBY_SRC="${TABBY_SRC:-/work/.mirror/theroyallab+tabbyAPI/repo}"
 py() { python3 -m "$@"; }
 py autotune.tools.gpu_sources tabby "$TABBY_SRC"
+py autotune.tools.gpu_sources tabby "$TABBY_SRC" --ref exl2-checkpoint --dest "$HERE/tabbyAPI-exl2"
 bash "$HERE/fetch_wheels.sh"
 py autotune.tools.gpu_sources llama ${LLAMA_CPP_PYTHON:+--version "$LLAMA_CPP_PYTHON"}
 py autotune.tools.gpu_sources gguf

@@ -32,7 +32,7 @@ def _row(case: str, status: str, reason: str = "") -> str:
 def test_the_plan_starts_from_the_committed_rows() -> None:
     """The H200 lease verified ExLlamaV2 but its self-draft row: the rest is still to do."""
     steps = dict(plan(COMMITTED))
-    assert list(steps) == ["exl3", "tabby", "llamacpp", "exl2"]
+    assert list(steps) == ["exl3", "tabby", "llamacpp", "exl2", "tabby-exl2"]
     assert steps["exl2"] == ["exl2 4bpw draft self K4"]  # `paged on` infeasible with its reason counts
     assert "exl3 4bpw draft self K4" in steps["exl3"]
 
@@ -42,13 +42,13 @@ def test_verified_steps_drop_out_and_a_later_failure_counts(tmp_path: Path) -> N
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(_row(c.name, "ok") for c in exl3_cases()) + _row("tabby main exl3 chat", "ok"))
-    assert [s for s, _ in plan(rows)] == ["llamacpp", "exl2"]
+    assert [s for s, _ in plan(rows)] == ["llamacpp", "exl2", "tabby-exl2"]
     with open(rows, "a") as f:
         f.write(_row("exl3 4bpw base", "failed", "boom"))  # the last row of a case counts
     assert plan(rows)[0] == ("exl3", ["exl3 4bpw base"])
     here = tmp_path / "here.jsonl"  # a first command on this machine verified it again
     here.write_text(_row("exl3 4bpw base", "ok"))
-    assert [s for s, _ in plan(rows, here)] == ["llamacpp", "exl2"]
+    assert [s for s, _ in plan(rows, here)] == ["llamacpp", "exl2", "tabby-exl2"]
 
 
 def test_the_archive_holds_logs_and_json_not_models(tmp_path: Path) -> None:
@@ -128,11 +128,15 @@ def test_the_whole_lease_as_a_dry_run_on_cpu(tmp_path: Path) -> None:
                           env={**os.environ, "OUT": str(out), "LEASE_WORK": str(work)})
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-3000:]
-    assert "plan: exl3 (5 unverified); tabby (1 unverified); llamacpp (6 unverified); exl2 (1 unverified)" in text
+    assert ("plan: exl3 (5 unverified); tabby (1 unverified); llamacpp (6 unverified); exl2 (1 unverified); "
+            "tabby-exl2 (1 unverified)") in text
     for step in ("exl3", "llamacpp", "exl2"):
         assert f"skipped on CPU: {step}'s stages" in text
-    assert "tabby main exl3 chat: skipped no CUDA GPU: tabbyapi.yml exported" in text
-    assert {"lease.log", "logs.tgz", "gpu_check.md", "rows.jsonl", "tabbyapi.yml"} <= {p.name for p in out.iterdir()}
+    for case in ("tabby main exl3 chat", "tabby exl2-checkpoint exl2 chat"):
+        assert f"{case}: skipped no CUDA GPU: tabbyapi.yml exported" in text or \
+            f"{case}: skipped no TabbyAPI source" in text
+    assert {"lease.log", "logs.tgz", "gpu_check.md", "rows.jsonl"} <= {p.name for p in out.iterdir()}
     from autotune.engines.tabbyapi.check import check_tabby_yaml
 
-    assert check_tabby_yaml(out / "tabbyapi.yml") == []  # TabbyAPI main's own config models accept it
+    for branch in ("main", "exl2"):  # TabbyAPI's own config models (per branch) accept the exports
+        assert check_tabby_yaml(out / f"export-{branch}" / "tabbyapi.yml") == []
