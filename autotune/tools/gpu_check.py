@@ -289,7 +289,7 @@ def run_case(case: Case, variants: dict, work: Path, max_tokens: int, timeout_s:
     t0 = time.monotonic()
     result = run_trial(make_spec(number, case, variants, work, max_tokens, timeout_s))
     return row_of(case, result), {"case": asdict(case), "status": result.status, "reason": result.reason,
-                                  "metrics": result.metrics, "wall_s": time.monotonic() - t0}
+                                  "metrics": result.metrics, "info": result.info, "wall_s": time.monotonic() - t0}
 
 
 def _missing_variant(case: Case, variants: dict) -> str:

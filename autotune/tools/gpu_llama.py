@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -48,7 +49,8 @@ def cuda_arch() -> str | None:
 
 def cmake_argv(src: Path, build: Path, arch: str, cpuinfo: str) -> list[str]:
     """The configure command: the cached build's options, CUDA on, one architecture."""
-    return ["cmake", "-S", str(src), "-B", str(build), *BASE_ARGS, *cpu_cmake_flags(cpuinfo),
+    gen = ["-G", "Ninja"] if shutil.which("ninja") and not (build / "Makefile").exists() else []
+    return ["cmake", "-S", str(src), "-B", str(build), *gen, *BASE_ARGS, *cpu_cmake_flags(cpuinfo),
             "-DGGML_CUDA=on", f"-DCMAKE_CUDA_ARCHITECTURES={arch}"]
 
 

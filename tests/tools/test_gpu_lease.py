@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tarfile
@@ -75,6 +76,7 @@ def test_the_cuda_build_names_one_architecture(tmp_path: Path) -> None:
     argv = cmake_argv(tmp_path / "src", tmp_path / "b", "90", "flags : avx2 fma")
     assert "-DGGML_CUDA=on" in argv and "-DCMAKE_CUDA_ARCHITECTURES=90" in argv
     assert "-DLLAMA_BUILD_SERVER=ON" in argv and "-DBUILD_SHARED_LIBS=OFF" in argv
+    assert ("-G" in argv) == (shutil.which("ninja") is not None)
 
 
 def _port() -> int:
