@@ -6,8 +6,8 @@ The lent machine (Python 3.12, Linux x86_64, no network) has the packages of :da
 carry list is their closure: every ``Requires-Dist`` of every carried wheel (markers evaluated
 for that machine, no extras) that the machine lacks is carried too, down to the leaves.
 
-``python -m autotune.tools.gpu_carry lock --wheels DIR [--tabby DIR] [--tabby-exl2 DIR]`` (``fetch_wheels.sh``,
-here, with network) downloads the closure into ``DIR`` and writes :data:`LOCK`
+``python -m autotune.tools.gpu_carry lock --wheels DIR [--tabby DIR] [--tabby-exl2 DIR]``
+(``fetch_wheels.sh``, here, with network) downloads the closure into ``DIR`` and writes :data:`LOCK`
 (``bench/gpu/carry.json``, committed): each carried wheel's version, file, size, requirements
 and import names, and what it needs from the machine. ``tests/tools/test_gpu_carry.py`` checks
 the committed lock is closed and covers what the kit's own code imports.

@@ -114,9 +114,10 @@ def exl2_cases(bpws: list[float], vram_gib: float) -> list[Case]:
 def llamacpp_cases(binary: str = "llama-server") -> list[Case]:
     """The CUDA ``llama-server`` (engine ``llama_server``, built there: :mod:`gpu_llama`) on the
     tiny GGUF: every layer on the GPU vs 2 of 4, flash attention off/on, a q8_0 KV cache,
-    ``--parallel`` 1 vs 4 under 4 concurrent requests."""
+    ``--parallel`` 1 vs 4 under 4 concurrent requests. Log verbosity 4 makes the server print
+    its model, KV and compute buffer sizes (``info.server_buffers_mib``, beside NVML's peak)."""
     base = {"model": "gg", "n_gpu_layers": "all", "ctx_size": 4096, "flash_attn": "off"}
-    settings = {"binary": binary}
+    settings = {"binary": binary, "extra_args": ["-lv", "4"]}  # -lv 4: the log says its buffers
     return [
         Case("llama.cpp all layers on GPU", "llama_server", base, settings),
         Case("llama.cpp 2 of 4 layers on GPU", "llama_server", {**base, "n_gpu_layers": "2"}, settings),
@@ -141,9 +142,11 @@ def row_of(case: Case, result: TrialResult) -> Row:
     """A table row from a trial result."""
     m = result.metrics or {}
     ttft = next((v for k, v in m.items() if k.startswith("ttft_p50")), None)
+    info = result.info or {}
+    buffers = ", ".join(f"{k} {v:g}" for k, v in (info.get("server_buffers_mib") or {}).items())
+    note = str(info.get("generator_mode", "")) or (f"server buffers MiB: {buffers}" if buffers else "")
     return Row(case.name, case.engine, result.status, m.get("decode_tps"), ttft, m.get("vram_peak_gb"),
-               m.get("accept_rate"), (result.reason or "").splitlines()[0][:160] if result.reason else
-               str((result.info or {}).get("generator_mode", "")))
+               m.get("accept_rate"), (result.reason or "").splitlines()[0][:160] if result.reason else note)
 
 
 def render_table(rows: list[Row]) -> str:

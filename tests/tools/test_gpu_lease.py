@@ -142,3 +142,25 @@ def test_the_whole_lease_as_a_dry_run_on_cpu(tmp_path: Path) -> None:
 
     for branch in ("main", "exl2"):  # TabbyAPI's own config models (per branch) accept the exports
         assert check_tabby_yaml(out / f"export-{branch}" / "tabbyapi.yml") == []
+
+
+def test_a_llama_cpp_row_runs_through_the_llama_server_engine(tmp_path: Path) -> None:
+    """One of the lease's llama.cpp rows, here on the CPU build and the tiny GGUF: the row, the
+    flags it asked for, and the server's own buffer sizes (a q8_0 KV cache)."""
+    pytest.importorskip("gguf")
+    from autotune.engines.llama_server.build import find_binary
+    from autotune.tools.gpu_check import llamacpp_cases
+    from autotune.tools.gpu_check import run_case
+    from autotune.tools.gpu_sources import write_tiny_gguf
+
+    binary = find_binary()
+    if binary is None:
+        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
+    case = next(c for c in llamacpp_cases(str(binary)) if "q8_0" in c.name)
+    row, raw = run_case(case, {"gg": {"path": str(gguf)}}, tmp_path, 8, 120, {}, 0)
+    assert row.status == "ok" and row.decode_tps > 0, raw
+    argv = raw["info"]["server_argv"]
+    assert argv[argv.index("--cache-type-k") + 1] == "q8_0" and "-lv" in argv
+    assert any(k.endswith(" KV") for k in raw["info"]["server_buffers_mib"])
+    assert row.reason.startswith("server buffers MiB: ")
