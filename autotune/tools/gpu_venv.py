@@ -10,7 +10,9 @@ with ``--no-deps``. Then, in that venv, every module of TabbyAPI's source (``com
 ``endpoints``, ``backends/exllamav3``, ``main``; exl2-checkpoint's too, with
 ``backends/exllamav2``) and of every carried wheel is imported: an
 import that fails for want of torch (or what only a GPU build provides) is reported as not
-checkable on CPU; any other failure (a missing package above all) is an error, exit 2.
+checkable on CPU; any other failure (a missing package above all) is an error, exit 2. Last,
+each branch's TabbyAPI loads the config autotune exports for it with its own loader (as at
+startup), and every exported key must be read back unchanged.
 """
 
 from __future__ import annotations
@@ -48,6 +50,47 @@ for name in sys.argv[1:]:
         out[name] = json.dumps([type(e).__name__, str(e)[:200], missing])
 print(json.dumps(out))
 """
+
+
+LOAD_CONFIG = """
+import json, os, sys
+import yaml
+sys.path.insert(0, sys.argv[1])
+from common.tabby_config import config
+config.load({})
+bad = []
+for section, values in yaml.safe_load(open("config.yml")).items():
+    obj = getattr(config, section, None)
+    for key, wrote in (values or {}).items():
+        if obj is None or key not in type(obj).model_fields:
+            bad.append(f"{section}.{key}: not a TabbyAPI option")
+            continue
+        got = getattr(obj, key)
+        got = getattr(got, "value", got)
+        if wrote is not None and got != wrote and str(got) != str(wrote):
+            bad.append(f"{section}.{key}: exported {wrote!r}, TabbyAPI read {got!r}")
+print(json.dumps(bad))
+"""
+
+
+def config_problems(vpy: str, tree: Path, branch: str, work: Path) -> list[str]:
+    """Load autotune's export for ``branch`` with TabbyAPI's own loader (``config.load`` on a
+    ``config.yml`` in the working directory, as at startup); every exported key must be an
+    option TabbyAPI reads back unchanged (``null``, which TabbyAPI drops before validating,
+    means its default)."""
+    from autotune.tools.gpu_tabby import export
+
+    variants = {"e4": {"path": str(work / "models" / "exl3-t4")},
+                "t4": {"path": str(work / "models" / "exl2-t4"), "bpw": 4.0}}
+    run_dir = work / f"config-{branch}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    _, path = export(branch, variants, work)
+    (run_dir / "config.yml").write_text(path.read_text())
+    done = subprocess.run([vpy, "-c", LOAD_CONFIG, str(tree)], capture_output=True, text=True, cwd=run_dir,
+                          check=False)
+    if done.returncode:
+        return [f"TabbyAPI {branch} could not load the export: {done.stderr.strip().splitlines()[-1:]}"]
+    return [f"{branch}: {b}" for b in json.loads(done.stdout.strip().splitlines()[-1])]
 
 
 def fetched(name: str) -> bool:
@@ -164,9 +207,13 @@ def run(venv: Path, wheels: Path, trees: list[Path], machine_dir: Path, python: 
                 got[m] = json.loads(alone.stdout.strip().splitlines()[-1])[m]
         results.update({f"{tree.name}:{m}" if m in tabby_modules(tree) else m: v for m, v in got.items()})
     cpu_only, errors = classify(results)
+    for tree, branch in zip(trees, ("main", "exl2")):
+        if (tree / "main.py").is_file():
+            errors += config_problems(vpy, tree, branch, venv.parent / "gpu-venv-configs")
     ok = sum(1 for v in results.values() if not v)
     print(f"venv {venv} ({len(mwheels)} machine wheels + carried): {ok} of {len(results)} modules import; "
-          f"{len(cpu_only)} not checkable here (torch, kernels, or an import cycle of TabbyAPI's own)")
+          f"{len(cpu_only)} not checkable here (torch, kernels, or an import cycle of TabbyAPI's own); "
+          "TabbyAPI's own config loader read autotune's exports")
     for line in notes:
         print(f"note: {line}")
     for line in problems + errors:
