@@ -128,6 +128,25 @@ def chat_template_files(hf: Path, model: Path) -> list[str]:
     return copied
 
 
+def refused_here(branch: str) -> str:
+    """Why this machine's TabbyAPI ``branch`` will not run its backend, or ''.
+
+    exl2-checkpoint turns exllamav2 off under a CUDA 13 torch (``common/optional_dependencies.py``:
+    ``is_torch_cuda_13``), which the lent machines have (torch 2.11.0+cu130).
+    """
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version
+
+    try:
+        torch = version("torch")
+    except PackageNotFoundError:
+        return ""
+    if branch == "exl2" and torch.partition("+")[2].startswith("cu13"):
+        return (f"TabbyAPI exl2-checkpoint turns exllamav2 off under a CUDA 13 torch ({torch}; "
+                "common/optional_dependencies.py is_torch_cuda_13)")
+    return ""
+
+
 def trial_vram(log: RowLog, case: str) -> float | None:
     """The baseline trial's VRAM (``case``), for the comparison."""
     row = log.latest().get(case)
@@ -154,6 +173,8 @@ def run(branch: str, work: Path, out: Path, log: RowLog, cuda: bool, timeout_s: 
         row["reason"] = f"no TabbyAPI source at {tabby} (bash bench/gpu/prepare.sh here, then carry it)"
     elif not cuda:
         row["reason"] = "no CUDA GPU: tabbyapi.yml exported, TabbyAPI not started"
+    elif refused_here(branch):  # TabbyAPI's own refusal, known before a start: no time spent
+        row.update(status="infeasible", reason=refused_here(branch))
     elif not row["reason"]:
         raw["copied"] = chat_template_files(work / "hf-target", Path(variants[b["model"]]["path"]))
         raw.update(serve_and_ask(tabby, doc, work / f"tabby-{branch}", timeout_s))

@@ -164,3 +164,20 @@ def test_a_llama_cpp_row_runs_through_the_llama_server_engine(tmp_path: Path) ->
     assert argv[argv.index("--cache-type-k") + 1] == "q8_0" and "-lv" in argv
     assert any(k.endswith(" KV") for k in raw["info"]["server_buffers_mib"])
     assert row.reason.startswith("server buffers MiB: ")
+
+
+def test_exl2_checkpoint_is_known_to_refuse_a_cuda_13_torch(monkeypatch) -> None:
+    """TabbyAPI exl2-checkpoint's is_torch_cuda_13 turns exllamav2 off; the lent machines have
+    torch 2.11.0+cu130, so the step says so instead of starting it."""
+    import importlib.metadata
+
+    from autotune.tools import gpu_tabby
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
+    assert "CUDA 13 torch (2.11.0+cu130" in gpu_tabby.refused_here("exl2")
+    assert gpu_tabby.refused_here("main") == ""
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.9.0+cu128")
+    assert gpu_tabby.refused_here("exl2") == ""
+    src = ROOT / "bench" / "gpu" / "tabbyAPI-exl2" / "common" / "optional_dependencies.py"
+    if src.is_file():  # the prepared source still says so
+        assert "is_torch_cuda_13()" in src.read_text()
