@@ -3,8 +3,8 @@
 Usage (on a machine with CUDA, nvcc, torch, transformers, safetensors; no network)::
 
     python -m autotune.tools.gpu_check --stage STAGE [STAGE ...] [--out DIR] [--work DIR]
-        [--bpw 4.0 6.0] [--gguf-converter PATH/convert_hf_to_gguf.py] [--max-tokens 64]
-        [--timeout 240] [--budget-s 540] [--total-s SECONDS] [--engines exllamav2 exllamav3 llamacpp]
+        [--bpw 4.0 6.0] [--max-tokens 64]
+        [--timeout 240] [--budget-s 540] [--total-s SECONDS] [--engines exllamav2 exllamav3 llama_server]
 
 The stages (:mod:`autotune.tools.gpu_stages`; ``all``, the default, runs them in one go):
 ``env``, ``ext`` (CUDA extension builds), ``models`` (a small random Llama and a smaller
@@ -34,6 +34,9 @@ from dataclasses import field
 from pathlib import Path
 
 from autotune._files import write_atomic
+from autotune.tools.gpu_llama import binary as llama_binary
+from autotune.tools.gpu_llama import build as llama_build
+from autotune.tools.gpu_llama import register_gguf
 from autotune.tools.gpu_prepare import DRAFT  # noqa: F401 - re-exported
 from autotune.tools.gpu_prepare import TARGET  # noqa: F401 - re-exported
 from autotune.tools.gpu_prepare import make_models  # noqa: F401 - re-exported
@@ -54,7 +57,7 @@ from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 
 # engine -> its import name in the environment (env.json)
-ENGINES = {"exllamav2": "exllamav2", "llamacpp": "llama_cpp", "exllamav3": "exllamav3"}
+ENGINES = {"exllamav2": "exllamav2", "llama_server": "llama_server", "exllamav3": "exllamav3"}
 COLUMNS = ("case", "engine", "status", "decode tok/s", "TTFT p50 ms", "VRAM GiB", "accept", "reason")
 
 
@@ -108,13 +111,21 @@ def exl2_cases(bpws: list[float], vram_gib: float) -> list[Case]:
     return cases
 
 
-def llamacpp_cases() -> list[Case]:
-    """llama-cpp-python with CUDA: full offload, flash attention off/on, a quantized KV pair."""
-    base = {"model": "g", "n_gpu_layers": -1, "n_ctx": 1024, "flash_attn": False}
+def llamacpp_cases(binary: str = "llama-server") -> list[Case]:
+    """The CUDA ``llama-server`` (engine ``llama_server``, built there: :mod:`gpu_llama`) on the
+    tiny GGUF: every layer on the GPU vs 2 of 4, flash attention off/on, a q8_0 KV cache,
+    ``--parallel`` 1 vs 4 under 4 concurrent requests. Log verbosity 4 makes the server print
+    its model, KV and compute buffer sizes (``info.server_buffers_mib``, beside NVML's peak)."""
+    base = {"model": "gg", "n_gpu_layers": "all", "ctx_size": 4096, "flash_attn": "off"}
+    settings = {"binary": binary, "extra_args": ["-lv", "4"]}  # -lv 4: the log says its buffers
     return [
-        Case("llama.cpp offload", "llamacpp", base),
-        Case("llama.cpp offload + FA", "llamacpp", {**base, "flash_attn": True}),
-        Case("llama.cpp FA q8_0/q8_0", "llamacpp", {**base, "flash_attn": True, "type_k": "q8_0", "type_v": "q8_0"}),
+        Case("llama.cpp all layers on GPU", "llama_server", base, settings),
+        Case("llama.cpp 2 of 4 layers on GPU", "llama_server", {**base, "n_gpu_layers": "2"}, settings),
+        Case("llama.cpp FA on", "llama_server", {**base, "flash_attn": "on"}, settings),
+        Case("llama.cpp FA q8_0/q8_0", "llama_server", {**base, "flash_attn": "on", "cache_type_k": "q8_0",
+                                                        "cache_type_v": "q8_0"}, settings),
+        Case("llama.cpp parallel 1 x4", "llama_server", {**base, "parallel": 1}, settings, concurrency=4),
+        Case("llama.cpp parallel 4 x4", "llama_server", {**base, "parallel": 4}, settings, concurrency=4),
     ]
 
 
@@ -131,9 +142,11 @@ def row_of(case: Case, result: TrialResult) -> Row:
     """A table row from a trial result."""
     m = result.metrics or {}
     ttft = next((v for k, v in m.items() if k.startswith("ttft_p50")), None)
+    info = result.info or {}
+    buffers = ", ".join(f"{k} {v:g}" for k, v in (info.get("server_buffers_mib") or {}).items())
+    note = str(info.get("generator_mode", "")) or (f"server buffers MiB: {buffers}" if buffers else "")
     return Row(case.name, case.engine, result.status, m.get("decode_tps"), ttft, m.get("vram_peak_gb"),
-               m.get("accept_rate"), (result.reason or "").splitlines()[0][:160] if result.reason else
-               str((result.info or {}).get("generator_mode", "")))
+               m.get("accept_rate"), (result.reason or "").splitlines()[0][:160] if result.reason else note)
 
 
 def render_table(rows: list[Row]) -> str:
@@ -153,8 +166,9 @@ def render_table(rows: list[Row]) -> str:
 def environment() -> dict:
     """What this machine has for the check (no CUDA initialisation outside torch)."""
     env: dict = {"python": sys.version.split()[0]}
-    for mod in ("torch", "transformers", "exllamav2", "exllamav3", "flash_attn", "llama_cpp", "gguf"):
+    for mod in ("torch", "transformers", "exllamav2", "exllamav3", "flash_attn", "gguf"):
         env[mod] = importlib.util.find_spec(mod) is not None
+    env["llama_server"] = llama_binary(default_state()).is_file()  # the CUDA build (gpu_llama)
     env["cuda"] = False
     if env["torch"]:
         import torch
@@ -163,10 +177,6 @@ def environment() -> dict:
         if env["cuda"]:
             env["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
             env["vram_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
-    if env["llama_cpp"]:
-        import llama_cpp
-
-        env["llama_cpp_cuda"] = bool(llama_cpp.llama_supports_gpu_offload())
     return env
 
 
@@ -187,8 +197,8 @@ def stage_cases(stage: str, bpws: list[float], vram_gib: float) -> list[Case]:
     """The trial rows of a row stage (exl2 split in two groups that each fit a 10-minute command)."""
     exl2 = exl2_cases(bpws, vram_gib)
     half = (len(exl2) + 1) // 2
-    return {"exl2-a": exl2[:half], "exl2-b": exl2[half:], "llamacpp": llamacpp_cases(),
-            "exl3": exl3_cases()}[stage]
+    return {"exl2-a": exl2[:half], "exl2-b": exl2[half:], "exl3": exl3_cases(),
+            "llamacpp": llamacpp_cases(str(llama_binary(default_state())))}[stage]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,7 +208,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="where rows and the table go (default $OUT, else bench/gpu/out)")
     ap.add_argument("--work", help="state folder kept between stages (default bench/gpu/.work)")
     ap.add_argument("--bpw", type=float, nargs=2, default=[4.0, 6.0])
-    ap.add_argument("--gguf-converter", help="llama.cpp's convert_hf_to_gguf.py (optional)")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=240.0, help="per trial, seconds")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="per stage: start nothing after it")
@@ -232,8 +241,15 @@ def main(argv: list[str] | None = None) -> int:
         if stage == "ext":
             stage_ext(chosen, work, deadline)
         elif stage == "models" and not all(e in skip for e in ENGINES):
-            stage_models(work, args.bpw, args.gguf_converter, chosen, deadline)
+            stage_models(work, args.bpw, chosen, deadline)
         elif stage in ROW_STAGES:
+            if stage == "llamacpp" and env.get("cuda") and "llama_server" in args.engines:
+                register_gguf(work)  # the tiny GGUF carried from here, variant gg
+                why = llama_build(work, deadline)  # once per machine; timed in llama.json
+                env = {**env, "llama_server": not why}
+                write_atomic(work / "env.json", json.dumps(env))
+                skip = {**engine_skips(env, args.engines), **({"llama_server": why} if why else {})}
+                variants = load_json(work / "variants.json", {})
             cases = stage_cases(stage, args.bpw, float(env.get("vram_gib", 80.0)))
 
             def run_one(case: Case, timeout_s: float, variants=variants, skip=skip) -> tuple[Row, dict]:
@@ -259,10 +275,8 @@ def engine_skips(env: dict, chosen: list[str] | None = None) -> dict[str, str]:
         skip["exllamav3"] = "exllamav3 is not installed (docs/gpu.md: carry its wheel)"
     if not importlib.util.find_spec("autotune.engines.exllamav3"):
         skip["exllamav3"] = "this checkout has no exllamav3 engine (autotune/engines/exllamav3)"
-    if not env.get("llama_cpp"):
-        skip["llamacpp"] = "llama-cpp-python is not installed (docs/gpu.md: build it with CUDA)"
-    elif not env.get("llama_cpp_cuda"):
-        skip["llamacpp"] = "llama-cpp-python has no GPU backend (CMAKE_ARGS=-DGGML_CUDA=on)"
+    if not env.get("llama_server"):
+        skip["llama_server"] = "no CUDA llama-server built here yet (the lease's llamacpp step builds it)"
     for e in engines:
         if chosen is not None and e not in chosen:
             skip.setdefault(e, "left out of this command (--engines)")
@@ -278,7 +292,7 @@ def run_case(case: Case, variants: dict, work: Path, max_tokens: int, timeout_s:
     t0 = time.monotonic()
     result = run_trial(make_spec(number, case, variants, work, max_tokens, timeout_s))
     return row_of(case, result), {"case": asdict(case), "status": result.status, "reason": result.reason,
-                                  "metrics": result.metrics, "wall_s": time.monotonic() - t0}
+                                  "metrics": result.metrics, "info": result.info, "wall_s": time.monotonic() - t0}
 
 
 def _missing_variant(case: Case, variants: dict) -> str:

@@ -6,7 +6,8 @@ the check points into its state folder so the next command on the machine reuses
 resumes a build a killed command left half done. ``models`` makes the target and the draft
 (:mod:`autotune.tools.make_tiny_llama`) and converts them with each library's own converter:
 EXL2 at two bpw (``exllamav2.conversion.convert_exl2``), EXL3 at 4 bpw
-(``exllamav3.conversion.convert_model``), and an f16 GGUF when a converter is given. Each
+(``exllamav3.conversion.convert_model``); the GGUF is made before the lease
+(:mod:`autotune.tools.gpu_sources`). Each
 product gets a ``.done`` marker and its variant is written to ``variants.json`` at once, so a
 re-run makes only what is missing. A failure is kept as ``variants["_why"][engine]``.
 """
@@ -82,12 +83,6 @@ def convert_exl3(src: Path, dst: Path, bpw: float, work: Path, timeout_s: float)
     return run_step(argv, timeout_s, work / f"convert-{dst.name}.log")
 
 
-def build_gguf(src: Path, dst: Path, converter: Path, work: Path, timeout_s: float) -> str:
-    """llama.cpp's convert_hf_to_gguf.py (needs the gguf package) to an f16 GGUF."""
-    argv = [sys.executable, str(converter), str(src), "--outfile", str(dst), "--outtype", "f16"]
-    return run_step(argv, timeout_s, work / "gguf.log")
-
-
 def stage_ext(env: dict, work: Path, deadline: Deadline) -> dict[str, str]:
     """Build the CUDA extensions here; returns engine -> '' (ready) or the reason."""
     out: dict[str, str] = {}
@@ -100,8 +95,7 @@ def stage_ext(env: dict, work: Path, deadline: Deadline) -> dict[str, str]:
     return out
 
 
-def stage_models(work: Path, bpws: list[float], converter: str | None, env: dict,
-                 deadline: Deadline) -> dict:
+def stage_models(work: Path, bpws: list[float], env: dict, deadline: Deadline) -> dict:
     """Make what is missing of the models and conversions; returns the variants."""
     path = work / "variants.json"
     variants = load_json(path, {})
@@ -111,17 +105,13 @@ def stage_models(work: Path, bpws: list[float], converter: str | None, env: dict
         write_atomic(path, json.dumps(variants, indent=1))
 
     models = make_models(work)
-    steps: list[tuple[str, str, Path, Path, object]] = []
+    steps: list[tuple[str, str, Path, Path, float]] = []
     if env.get("exllamav2"):
         steps += [("exllamav2", f"t{b:g}", models["target"], work / f"exl2-t{b:g}", b) for b in bpws]
         steps.append(("exllamav2", "d", models["draft"], work / "exl2-d", bpws[0]))
     if env.get("exllamav3"):
         steps += [("exllamav3", "e4", models["target"], work / "exl3-t4", 4.0),
                   ("exllamav3", "ed", models["draft"], work / "exl3-d4", 4.0)]
-    if env.get("llama_cpp") and converter and env.get("gguf"):
-        steps.append(("llamacpp", "g", models["target"], work / "gguf-target", None))
-    elif env.get("llama_cpp"):
-        why["llamacpp"] = "no GGUF: pass --gguf-converter and carry the gguf package"
     for engine, name, src, dst, bpw in steps:
         if is_done(dst):
             variants[name] = json.loads((dst / ".done").read_text())
@@ -132,17 +122,14 @@ def stage_models(work: Path, bpws: list[float], converter: str | None, env: dict
         timeout = deadline.timeout(1800)
         if engine == "exllamav2":
             failed = convert_exl2(src, dst, float(bpw), work, timeout)
-        elif engine == "exllamav3":
-            failed = convert_exl3(src, dst, float(bpw), work, timeout)
         else:
-            dst.mkdir(parents=True, exist_ok=True)
-            failed = build_gguf(src, dst / "target-f16.gguf", Path(str(converter)), work, timeout)
+            failed = convert_exl3(src, dst, float(bpw), work, timeout)
         if failed:
             why[engine] = f"{name}: conversion failed: {failed}"
             save()
             continue
-        variant = {"path": str(dst / "target-f16.gguf")} if engine == "llamacpp" else {"path": str(dst)}
-        if bpw is not None and engine == "exllamav2":
+        variant = {"path": str(dst)}
+        if engine == "exllamav2":
             variant["bpw"] = bpw
         mark_done(dst, variant)
         variants[name] = variant

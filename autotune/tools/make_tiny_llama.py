@@ -8,7 +8,8 @@ The model is a 2-layer LlamaConfig with hidden_size 64 and one attention head, s
 64, the minimum of vLLM's CPU attention backend (shared/STACK.md). Its weights are random
 (seeded); it exists to exercise engines end to end, not to produce sensible text. The
 tokenizer is a byte-level BPE trained on a local text (by default the GPL-3 text shipped for
-the quality metrics). Files are written to a temporary folder and moved into place.
+the quality metrics), with a minimal chat template. Files are written to a temporary folder and
+moved into place.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from pathlib import Path
 
 DEFAULT_TEXT = Path(__file__).resolve().parent.parent / "data" / "quality" / "gpl3.txt"
 SPECIAL = ["<unk>", "<s>", "</s>"]
+# a minimal chat template, so servers that answer chat completions (TabbyAPI, llama-server) can
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant:{% endif %}")
 
 
 def train_tokenizer(text_path: Path, vocab_size: int):
@@ -77,6 +81,7 @@ def make_tiny_llama(
         tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
         pad_token="</s>", model_max_length=2048,
     )
+    tokenizer.chat_template = CHAT_TEMPLATE
     config = LlamaConfig(
         vocab_size=raw.get_vocab_size(), hidden_size=hidden_size, intermediate_size=intermediate_size,
         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,

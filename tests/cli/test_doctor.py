@@ -157,3 +157,23 @@ def test_doctor_on_this_machine_passes_for_llamacpp_and_reports_the_rest(cli) ->
     failed = [c for c in report["checks"] if c["verdict"] == "fail" and "exllamav2" in c["engines"]]
     assert other.returncode == (1 if failed else 0), other.stdout
     assert ("exllamav2: not ready" in other.stdout) == bool(failed)
+
+
+FAKE_CUDA_SERVER = """#!/bin/sh
+# FAKE llama-server: a CUDA build cannot run on this CPU box; this prints what llama.cpp's
+# common_print_available_devices prints for one on an H100 (common/arg.cpp)
+printf 'Available devices:\\n  CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80562 MiB free)\\n'
+"""
+
+
+def test_doctor_says_whether_llama_server_is_a_cuda_build(tmp_path, monkeypatch) -> None:
+    from autotune.engines.llama_server import build
+
+    fake = tmp_path / "llama-server"
+    fake.write_text(FAKE_CUDA_SERVER)
+    fake.chmod(0o755)
+    monkeypatch.setattr(build, "find_binary", lambda: fake)
+    (check,) = build.check_llama_server()
+    assert check.verdict == "ok" and check.detail == f"{fake} (CUDA build: CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80562 MiB free))"
+    fake.write_text("#!/bin/sh\nprintf 'Available devices:\\n  (none)\\n'\n")  # what a CPU build prints
+    assert build.check_llama_server()[0].detail == f"{fake} (CPU build)"

@@ -267,3 +267,18 @@ def test_startup_failures_are_classified_from_the_servers_log(tmp_path: Path, lo
     engine.log_path.write_text("main: loading model\n" + log)
     err = engine._startup_failed(RuntimeError("the server exited with code 1"))
     assert type(err).__name__ == kind and says in str(err), err
+
+
+def test_the_servers_own_buffer_sizes_are_read_from_its_log() -> None:
+    """Lines as llama.cpp prints them (llama-model.cpp, llama-kv-cache.cpp, llama-context.cpp)."""
+    from autotune.engines.llama_server.engine import server_buffers
+
+    log = ("load_tensors:        CUDA0 model buffer size =   133.43 MiB\n"
+           "load_tensors:   CPU_Mapped model buffer size =    16.00 MiB\n"
+           "llama_kv_cache:      CUDA0 KV buffer size =    64.00 MiB\n"
+           "llama_context:  CUDA_Host  output buffer size =     0.98 MiB\n"
+           "llama_context:      CUDA0 compute buffer size =   300.75 MiB\n"
+           "llama_context:      CUDA0 compute buffer size =     1.25 MiB\n")
+    assert server_buffers(log) == {"CUDA0 model": 133.43, "CPU_Mapped model": 16.0, "CUDA0 KV": 64.0,
+                                   "CUDA_Host output": 0.98, "CUDA0 compute": 302.0}
+    assert server_buffers("no buffers here") == {}

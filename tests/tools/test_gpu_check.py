@@ -39,7 +39,11 @@ def test_cases_cover_the_issue_matrix() -> None:
     assert {p["gpu_split"] for p in params} == {"auto", "8"}
     assert {p.get("paged") for p in params} == {None, True, False}
     assert max(c.concurrency for c in cases) == 4
-    assert {c.engine for c in llamacpp_cases()} == {"llamacpp"}
+    llama = llamacpp_cases("/x/llama-server")
+    assert {c.engine for c in llama} == {"llama_server"} and {c.settings["binary"] for c in llama} == {"/x/llama-server"}
+    lp = [c.params for c in llama]
+    assert {p["n_gpu_layers"] for p in lp} == {"all", "2"} and {p["flash_attn"] for p in lp} == {"on", "off"}
+    assert any(p.get("cache_type_k") == "q8_0" for p in lp) and {p.get("parallel") for p in lp} == {None, 1, 4}
 
 
 @pytest.mark.parametrize("case", exl2_cases([4.0, 6.0], 24.0) + llamacpp_cases(), ids=lambda c: c.name)

@@ -131,7 +131,7 @@ def test_stage_selection() -> None:
 def test_the_row_groups_split_the_cases() -> None:
     a, b = stage_cases("exl2-a", [4.0, 6.0], 80.0), stage_cases("exl2-b", [4.0, 6.0], 80.0)
     assert a and b and not {c.name for c in a} & {c.name for c in b}
-    assert {c.engine for c in stage_cases("llamacpp", [4.0, 6.0], 80.0)} == {"llamacpp"}
+    assert {c.engine for c in stage_cases("llamacpp", [4.0, 6.0], 80.0)} == {"llama_server"}
     assert {c.engine for c in stage_cases("exl3", [4.0, 6.0], 80.0)} == {"exllamav3"}
 
 
@@ -172,7 +172,7 @@ def test_the_models_stage_makes_only_what_is_missing(tmp_path: Path) -> None:
         mark_done(tmp_path / name, {"path": str(tmp_path / name), "bpw": bpw})
     now = [0.0]
     spent = Deadline(0, clock=lambda: now[0])  # no time left: start no conversion
-    variants = stage_models(tmp_path, [4.0, 6.0], None, {"exllamav2": True}, spent)
+    variants = stage_models(tmp_path, [4.0, 6.0], {"exllamav2": True}, spent)
     assert variants["t4"] == {"path": str(tmp_path / "exl2-t4"), "bpw": 4.0} and "d" in variants
     assert "t6" not in variants  # still to make: the next run of the stage does it
     assert json.loads((tmp_path / "variants.json").read_text())["t4"]["bpw"] == 4.0
@@ -181,10 +181,10 @@ def test_the_models_stage_makes_only_what_is_missing(tmp_path: Path) -> None:
 def test_engines_left_out_of_a_command_say_so() -> None:
     from autotune.tools.gpu_check import engine_skips
 
-    env = {"cuda": True, "transformers": True, "exllamav2": True, "exllamav3": True, "llama_cpp": True,
-           "llama_cpp_cuda": True}
+    env = {"cuda": True, "transformers": True, "exllamav2": True, "exllamav3": True, "llama_server": True}
     assert engine_skips(env) == {}
-    assert engine_skips(env, ["exllamav2"]) == {"llamacpp": "left out of this command (--engines)",
+    assert engine_skips({**env, "llama_server": False})["llama_server"].startswith("no CUDA llama-server")
+    assert engine_skips(env, ["exllamav2"]) == {"llama_server": "left out of this command (--engines)",
                                                 "exllamav3": "left out of this command (--engines)"}
     no_v3 = engine_skips({**env, "exllamav3": False}, ["exllamav2"])  # the real reason comes first
     assert no_v3["exllamav3"].startswith("exllamav3 is not installed")

@@ -227,12 +227,29 @@ def ensure_binary(configured: str | None = None, show: bool = True) -> Path:
     return build(show=show)
 
 
+def llama_server_devices(path: str) -> list[str]:
+    """The devices a llama-server build offers (``--list-devices``: ``CUDA0: NVIDIA H100 ...``);
+    [] for a CPU-only build, which lists none."""
+    try:
+        out = subprocess.run([path, "--list-devices"], capture_output=True, text=True, timeout=60,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [x.strip() for x in (out.stdout + out.stderr).splitlines()
+            if re.match(r"\s+[A-Za-z]+\d+: ", x)]
+
+
 def check_llama_server() -> list[Check]:
-    """The llama-server binary the engine would use (on PATH or built in the cache)."""
+    """The llama-server binary the engine would use (on PATH or built in the cache), and whether
+    it is a CUDA build (its ``--list-devices``)."""
     eng = ("llama_server",)
     path = find_binary()
     if path:
-        return [Check("llama-server", "ok", str(path), "", eng)]
+        devices = llama_server_devices(str(path))
+        kind = ("CUDA build" if any(d.startswith("CUDA") for d in devices)
+                else "GPU build" if devices else "CPU build")
+        return [Check("llama-server", "ok", f"{path} ({kind}{': ' + devices[0] if devices else ''})",
+                      "", eng)]
     return [Check("llama-server", "warn", "no llama-server binary (on PATH or built in the cache); "
                   "built before the first llama_server trial", "python -m "
                   "autotune.engines.llama_server.build", eng)]

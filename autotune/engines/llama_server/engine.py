@@ -11,6 +11,9 @@ is passed only when its value differs from what llama-server uses without it, so
 ``llama-server.sh`` is built by the same :func:`server_argv` as the trial's command: the
 measured binary, the measured flags and the real model path, only the port differs.
 
+GPU memory: ``vram_peak_gb`` from NVML as for every GPU trial (:mod:`autotune.engines._gpu_sampled`),
+and the server's own buffer sizes from its load log in ``info.server_buffers_mib``.
+
 Failures: a server that dies or logs an allocation failure (out of memory at load or decode)
 is infeasible; a refused flag or a missing model is a plain failure carrying the server's own
 error line.
@@ -25,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from autotune._files import write_atomic
+from autotune.engines._gpu_sampled import GpuSampled
 from autotune.engines._openai_stream import HOST
-from autotune.engines._vram import SamplesVram
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
 from autotune.engines.doctor import Check
@@ -49,6 +52,17 @@ from autotune.errors import InfeasibleConfig
 OOM = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|"
                  r"unable to allocate|failed to create context|OOM", re.I)
 ERROR_LINE = re.compile(r"error|invalid|failed|unknown|not found|no such", re.I)
+# llama.cpp's load log: "load_tensors:        CUDA0 model buffer size =   133.43 MiB" (also KV,
+# compute, output; CPU, CPU_Mapped, CUDA_Host for host memory)
+BUFFER = re.compile(r"\s(\S+)\s+(model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
+
+
+def server_buffers(log: str) -> dict[str, float]:
+    """The buffers llama-server says it allocated, ``"<device> <kind>" -> MiB`` (summed)."""
+    out: dict[str, float] = {}
+    for dev, kind, mib in BUFFER.findall(log):
+        out[f"{dev} {kind}"] = round(out.get(f"{dev} {kind}", 0.0) + float(mib), 2)
+    return out
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,7 @@ def model_layers(path: str) -> int | None:
     return gguf_shape(path)["n_layers"] if path and Path(path).is_file() else None
 
 
-class LlamaServerEngine(SamplesVram, OpenAIServerEngine):
+class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
     """``llama-server`` per trial; requests batched in its slots (no concurrency limit here)."""
 
     name = "llama_server"
@@ -256,8 +270,7 @@ class LlamaServerEngine(SamplesVram, OpenAIServerEngine):
         return error
 
     def start(self) -> None:
-        self.start_vram()  # per-GPU peak (with NVML): the spill check reads it
-        super().start()
+        super().start()  # GpuSampled: per-GPU peak (with NVML) from before the load; spill reads it
         from autotune.engines._openai_stream import get_json
 
         try:
@@ -269,6 +282,16 @@ class LlamaServerEngine(SamplesVram, OpenAIServerEngine):
             }
         except Exception as e:  # noqa: BLE001 - /props is informative only
             self.info["server_props_error"] = f"{type(e).__name__}: {e}"
+
+    def memory(self) -> dict[str, float]:
+        """NVML's peak (GpuSampled) and the server's own buffer sizes (``info.server_buffers_mib``)."""
+        out = super().memory()
+        log = getattr(self, "log_path", None)
+        if log is not None and log.exists():
+            buffers = server_buffers(log.read_text(errors="replace"))
+            if buffers:
+                self.info["server_buffers_mib"] = buffers
+        return out
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True):
         try:

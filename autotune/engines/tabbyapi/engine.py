@@ -22,14 +22,13 @@ a refused option) fails the trial with the server's log tail.
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune._files import tail as log_tail
-from autotune.engines._vram import SamplesVram
+from autotune.engines._gpu_sampled import GpuSampled
 from autotune.engines.base import Engine
 from autotune.engines.base import Knob
 from autotune.engines.base import Resources
@@ -40,7 +39,6 @@ from autotune.errors import ConfigError
 from autotune.errors import InfeasibleConfig
 from autotune.errors import ServerExited
 from autotune.errors import unknown_name
-from autotune.hardware import pci_bus_order_env
 
 BACKENDS = {"exllamav3": "main", "exllamav2": "exl2-checkpoint"}
 NOT_IN_TABBY = {"exllamav2": ("layer_skip_threshold", "paged", "num_draft_tokens"), "exllamav3": ()}
@@ -90,7 +88,7 @@ def tabby_document(params: dict, settings: dict, variants: dict) -> tuple[dict, 
     return tabby_config(p, settings, variants), tabby_warnings(p, settings, in_process=False)
 
 
-class TabbyAPIEngine(SamplesVram, OpenAIServerEngine):
+class TabbyAPIEngine(GpuSampled, OpenAIServerEngine):
     """TabbyAPI started from the user's checkout with the trial's ``config.yml``."""
 
     name = "tabbyapi"
@@ -204,11 +202,8 @@ class TabbyAPIEngine(SamplesVram, OpenAIServerEngine):
 
     def start(self) -> None:
         """Sample the GPUs from before the load (TabbyAPI loads before /health answers), then start."""
-        os.environ.update(pci_bus_order_env())  # the server numbers GPUs as NVML does
         self.info["tabby_branch"] = BACKENDS[self.settings.get("backend", "exllamav3")]
-        self.start_vram()
-        super().start()
-
+        super().start()  # GpuSampled: the sampling starts first
 
     def _startup_failed(self, error: Exception) -> Exception:
         """Out of GPU memory while loading: infeasible; anything else fails the trial."""
