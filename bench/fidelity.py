@@ -12,7 +12,13 @@ interleaved (A D / D A alternating per round, configurations rotated) so drift h
 sides alike. The machine is shared: before each measurement the bench waits (up to
 ``--quiet-wait`` s) for idle CPUs, measures other processes' CPU use during it (from
 /proc/stat minus its own process tree) and re-runs it (up to ``--tries``) when others used
-more than ``--threshold`` of the CPUs.
+more than ``--threshold`` of the CPUs. A trial's processes die in one group SIGKILL before
+their parents wait for them (``autotune/trial/worker.py``), so they would be reaped by init
+and the engine's CPU counted as another process's: the bench makes itself their reaper
+(``PR_SET_CHILD_SUBREAPER``) and reaps them after each measurement, so every process it
+started, however deep, is its own. It exits 1 when a ratio is ``nan``, when every
+measurement of one side of a configuration was left out, or when a trial's own CPU is
+under half the direct run's (its processes were not counted as the bench's).
 
 Printed per configuration: autotune median vs direct median of decode tok/s, prefill
 tok/s and TTFT (all per-request samples pooled over rounds), their ratio, the bootstrap
@@ -23,6 +29,8 @@ medians). Targets: every ratio in 0.95-1.05, decode CV <= 3%.
 from __future__ import annotations
 
 import argparse
+import ctypes
+import functools
 import json
 import os
 import subprocess
@@ -124,10 +132,42 @@ def autotune_run(params: dict, workdir: str) -> tuple[list[dict], dict]:
 
 # ---- noise: wait for idle CPUs, detect other users' load, retry contaminated runs ----
 HZ = os.sysconf("SC_CLK_TCK")
+PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+@functools.cache
+def adopt_orphans() -> None:
+    """Become the reaper of this process's orphaned descendants (Linux only; once).
+
+    A trial's worker kills its whole process group (stub, guard, itself) when it is done, so
+    the worker and the guard die before any parent waits for them. Without a subreaper init
+    reaps them and their CPU (the engine's) never reaches this process's children times.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(err)}")
+
+
+def reap_orphans(timeout_s: float = 10.0) -> None:
+    """Wait for every child of this process (the adopted leftovers of a trial), so their CPU
+    counts in ``os.times()``. Call it only when no ``subprocess`` child is running: it reaps
+    any child."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
 
 
 def cpu_snap() -> tuple[float, float, float]:
-    """(busy jiffies of all CPUs, total jiffies, CPU jiffies of this process + children)."""
+    """(busy jiffies of all CPUs, total jiffies, CPU jiffies of this process + children
+    reaped so far: with :func:`adopt_orphans`, every process it started, however deep)."""
     vals = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
     idle = vals[3] + vals[4]
     t = os.times()
@@ -156,16 +196,20 @@ def wait_quiet(max_wait_s: float, threshold: float) -> float:
 def measure_clean(fn, tries: int, quiet_wait: float, threshold: float):
     """Run ``fn`` until other processes used <= threshold of the CPUs during it.
 
-    Returns (result, others' busy fraction, attempts, clean); a measurement still
-    contaminated after ``tries`` attempts is returned with clean=False and left out.
+    Returns (result, others' busy fraction, attempts, clean, own CPU seconds of the last
+    attempt); a measurement still contaminated after ``tries`` attempts is returned with
+    clean=False and left out.
     """
+    adopt_orphans()
     for attempt in range(1, tries + 1):
         wait_quiet(quiet_wait, threshold)
         a = cpu_snap()
         out = fn()
-        busy = others_busy(a, cpu_snap())
+        reap_orphans()
+        b = cpu_snap()
+        busy = others_busy(a, b)
         if busy <= threshold or attempt == tries:
-            return out, busy, attempt, busy <= threshold
+            return out, busy, attempt, busy <= threshold, (b[2] - a[2]) / HZ
 
 
 # ---- statistics (plain numpy, independent of autotune.measure) ----------------------
@@ -183,25 +227,51 @@ def cv(x: list[float]) -> float:
     return float(100 * a.std(ddof=1) / a.mean()) if a.size > 1 else float("nan")
 
 
+METRICS = (("decode tok/s", "decode_tps"), ("prefill tok/s", "prefill_tps"), ("TTFT ms", "ttft_ms"))
+
+
+def pooled(res: dict, side: str, key: str) -> list[float]:
+    """Every kept request's ``key`` on one side of one configuration, over all rounds."""
+    return [r[key] for rnd in res[side] for r in rnd]
+
+
+def problems(results: dict, own: dict) -> list[str]:
+    """Why the table proves nothing: a side with no kept measurement, a ratio that is not a
+    number, a trial whose own CPU is under half the direct run's (the trial's processes were
+    counted as other processes', so every trial looks contaminated)."""
+    out = []
+    for name, res in results.items():
+        empty = [side for side in ("autotune", "direct") if not res[side]]
+        out += [f"{name}: every {side} measurement was left out as contaminated" for side in empty]
+        for metric, key in () if empty else METRICS:
+            ratio = np.median(pooled(res, "autotune", key)) / np.median(pooled(res, "direct", key))
+            if not np.isfinite(ratio):
+                out.append(f"{name} {metric}: the ratio is {ratio}")
+        at, d = (float(np.median(own[name][side])) for side in ("autotune", "direct"))
+        if at < 0.5 * d:
+            out.append(f"{name}: a trial's own CPU ({at:.2f} s) is under half the direct run's "
+                       f"({d:.2f} s): the trial's processes are not counted as the bench's")
+    return out
+
+
 def table(results: dict, rounds: int, busy: list[float], retries: int, dropped: int,
           elapsed: float) -> str:
+    others = (f"median {100 * np.median(busy):.0f}%, max {100 * max(busy):.0f}%" if busy
+              else "none kept")
     lines = [
         f"fidelity: autotune (run_trial, short workload, 1 warm-up + 5 x 64 tokens) vs a direct "
         f"llama-cpp-python loop; {rounds} interleaved rounds, {elapsed:.0f} s",
-        f"other processes' CPU use during the kept measurements: median "
-        f"{100 * np.median(busy):.0f}%, max {100 * max(busy):.0f}% of {os.cpu_count()} CPUs; "
-        f"{retries} contaminated measurement(s) re-run, {dropped} still contaminated and "
-        f"left out",
+        f"other processes' CPU use during the kept measurements: {others} of "
+        f"{os.cpu_count()} CPUs; {retries} contaminated measurement(s) re-run, {dropped} still "
+        f"contaminated and left out",
         "",
         f"{'config':20} {'metric':13} {'autotune':>9} {'[95% CI]':>17} {'direct':>9} "
         f"{'[95% CI]':>17} {'ratio':>6} {'n at/dir':>8}  {'cv% at/dir (req)':>16} "
         f"{'cv% at/dir (rounds)':>19}",
     ]
     for name, res in results.items():
-        for metric, key in (("decode tok/s", "decode_tps"), ("prefill tok/s", "prefill_tps"),
-                            ("TTFT ms", "ttft_ms")):
-            a = [r[key] for rnd in res["autotune"] for r in rnd]
-            d = [r[key] for rnd in res["direct"] for r in rnd]
+        for metric, key in METRICS:
+            a, d = pooled(res, "autotune", key), pooled(res, "direct", key)
             ma, la, ha = med_ci(a)
             md, ld, hd = med_ci(d)
             ratio = ma / md
@@ -260,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = {name: str(resolve_variant(p["model"], VARIANTS)) for name, p in configs.items()}
 
     results = {name: {"autotune": [], "direct": []} for name in configs}
+    own = {name: {"autotune": [], "direct": []} for name in configs}  # CPU s per measurement
     busy: list[float] = []
     retries = dropped = done = 0
     t_start = time.monotonic()
@@ -276,19 +347,20 @@ def main(argv: list[str] | None = None) -> int:
                 for side in order:
                     if side == "autotune":
                         wd = f"{tmp}/{name.replace('/', '_')}"
-                        (rows, metrics), b, n_try, clean = measure_clean(
+                        (rows, metrics), b, n_try, clean, cpu_s = measure_clean(
                             lambda wd=wd, name=name: autotune_run(configs[name], wd),
                             args.tries, args.quiet_wait, args.threshold)
                     else:
-                        rows, b, n_try, clean = measure_clean(
+                        rows, b, n_try, clean, cpu_s = measure_clean(
                             lambda name=name: direct_fresh(name, paths[name], prompts,
                                                            WORKLOAD["max_tokens"]),
                             args.tries, args.quiet_wait, args.threshold)
                     retries += n_try - 1
+                    own[name][side].append(cpu_s)
                     dec = np.median([r["decode_tps"] for r in rows])
-                    print(f"round {rnd} {name:20} {side:8} decode {dec:6.1f} tok/s (others "
-                          f"{100 * b:.0f}% CPU, try {n_try}{'' if clean else ', dropped'})",
-                          file=sys.stderr, flush=True)
+                    print(f"round {rnd} {name:20} {side:8} decode {dec:6.1f} tok/s (own "
+                          f"{cpu_s:.1f} CPU s, others {100 * b:.0f}% CPU, try {n_try}"
+                          f"{'' if clean else ', dropped'})", file=sys.stderr, flush=True)
                     if not clean:
                         dropped += 1
                         continue
@@ -302,7 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
-    return 0
+    bad = problems(results, own)
+    for line in bad:
+        print(f"fidelity: {line}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -9,12 +9,14 @@ requests by sleeping: decode speed is a smooth, deterministic function of the kn
 Knobs: ``x``, ``y`` (floats in [0, 1]), ``gpus``, ``cpus``, ``duration_s`` (simulated model
 load, seconds), ``gpu_memory_gb`` (per GPU; infeasible if it exceeds a device in
 ``settings.gpus``), ``resource`` (a custom Ray resource name the trial needs one unit of,
-e.g. ``gpu_5090``) and the fault knobs ``hang`` (sleep forever: the runner's timeout kills
-the group), ``oom`` (MemoryError), ``crash`` (``os._exit(1)`` at the first request, after
-the load), ``nan`` (decode speed reported as NaN), ``garbage`` (answers without token
-timings: the objective metrics are missing) and ``stubborn`` (starts a child that ignores
-SIGTERM, so only the runner's SIGKILL of the group ends it). Precedence: hang, oom,
-crash, garbage, nan.
+e.g. ``gpu_5090``), ``burn_cpu_s`` (CPU seconds the worker spends in a busy loop in
+``start``: a CPU-bound fake engine for CPU accounting tests; ``info["cpu_s"]`` is then the
+worker's CPU time after it) and the fault knobs ``hang`` (sleep forever: the runner's
+timeout kills the group), ``oom`` (MemoryError), ``crash`` (``os._exit(1)`` at the first
+request, after the load), ``nan`` (decode speed reported as NaN), ``garbage`` (answers
+without token timings: the objective metrics are missing) and ``stubborn`` (starts a child
+that ignores SIGTERM, so only the runner's SIGKILL of the group ends it). Precedence: hang,
+oom, crash, garbage, nan.
 
 Settings: ``gpus`` (list of ``{name, memory_gb}``: the fake devices, indexed like
 ``CUDA_VISIBLE_DEVICES``), ``resources`` (custom Ray resources every trial needs),
@@ -108,6 +110,7 @@ class FakeEngine(Engine):
         "gpus": Knob("float", low=0.0, high=64.0, doc="GPUs the trial reserves"),
         "cpus": Knob("float", low=0.0, high=512.0, doc="CPUs the trial reserves"),
         "duration_s": Knob("float", low=0.0, high=3600.0, doc="simulated model load (s)"),
+        "burn_cpu_s": Knob("float", low=0.0, high=3600.0, doc="CPU seconds of busy loop in start()"),
         "gpu_memory_gb": Knob("float", low=0.0, high=1024.0, doc="memory needed per GPU"),
         "resource": Knob("str", doc="custom Ray resource the trial needs 1 of ('' = none)"),
         "crash": Knob("bool", doc="os._exit(1) at the first request"),
@@ -125,7 +128,7 @@ class FakeEngine(Engine):
     # ---- driver side -----------------------------------------------------------------
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
-        return {"x": 0.5, "y": 0.5, "gpus": 1, "cpus": 1, "duration_s": 0.0,
+        return {"x": 0.5, "y": 0.5, "gpus": 1, "cpus": 1, "duration_s": 0.0, "burn_cpu_s": 0.0,
                 "gpu_memory_gb": 0.0, "resource": "", "crash": False, "hang": False,
                 "oom": False, "nan": False, "garbage": False, "stubborn": False,
                 "max_batch": 0, "reject_over": 0, "oom_over": 0}
@@ -214,6 +217,11 @@ class FakeEngine(Engine):
             code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"
             child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL)
             self._record("child", child_pid=child.pid)
+        if self._p("burn_cpu_s"):  # the fake's CPU-bound load: the worker's own CPU, no sleep
+            end = time.process_time() + float(self._p("burn_cpu_s"))
+            while time.process_time() < end:
+                pass
+            self.info["cpu_s"] = time.process_time()
         time.sleep(float(self._p("duration_s")))
         self.requests = 0
         self._slots = threading.BoundedSemaphore(self._p("max_batch")) if self._p("max_batch") else None
