@@ -26,6 +26,7 @@ from pathlib import Path
 
 MIB = 1024.0 * 1024.0
 RUNTIME_MB = 80.0
+EXPERT_BYTES = "autotune.expert_bytes"  # not a GGUF key: what read_gguf_metadata(experts=True) adds
 
 # bytes per element of the KV cache types (ggml block size / block bytes)
 KV_BYTES = {
@@ -46,8 +47,12 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
-def read_gguf_metadata(model_path: str | Path) -> dict:
+def read_gguf_metadata(model_path: str | Path, experts: bool = False) -> dict:
     """The GGUF header's key/values; arrays are summarised as their length.
+
+    ``experts``: also walk the tensor infos and put under ``EXPERT_BYTES`` the bytes of the
+    mixture-of-experts tensors (names with ``_exps``: llama.cpp's stacked expert weights),
+    each sized by the distance to the next tensor's offset.
 
     A small reader of the GGUF v2/v3 layout instead of ``gguf.GGUFReader``: the latter
     builds Python objects for every vocabulary entry (262,144 for gemma-3), which took
@@ -59,7 +64,7 @@ def read_gguf_metadata(model_path: str | Path) -> dict:
     with open(model_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
         if m[:4] != b"GGUF":
             raise ValueError(f"{model_path}: not a GGUF file (magic {bytes(m[:4])!r})")
-        version, _n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
+        version, n_tensors, n_kv = struct.unpack_from("<IQQ", m, 4)
         if version < 2:
             raise ValueError(f"{model_path}: GGUF version {version} is not supported (need >= 2)")
         pos = 24
@@ -93,6 +98,20 @@ def read_gguf_metadata(model_path: str | Path) -> dict:
             key, pos = string(pos)
             (vtype,) = struct.unpack_from("<I", m, pos)
             out[key], pos = value(vtype, pos + 4)
+        if experts:
+            names, offsets = [], []
+            for _ in range(n_tensors):
+                name, pos = string(pos)
+                (n_dims,) = struct.unpack_from("<I", m, pos)
+                pos += 4 + 8 * n_dims + 4
+                names.append(name)
+                offsets.append(struct.unpack_from("<Q", m, pos)[0])
+                pos += 8
+            align = int(out.get("general.alignment", 32))
+            data = -(-pos // align) * align
+            ends = sorted(offsets) + [len(m) - data]
+            size = {o: ends[i + 1] - o for i, o in enumerate(sorted(offsets))}
+            out[EXPERT_BYTES] = sum(size[o] for n, o in zip(names, offsets) if "_exps" in n)
         return out
 
 
@@ -109,7 +128,7 @@ def gguf_shape(model_path: str | Path) -> dict:
 
 @functools.lru_cache(maxsize=64)
 def _gguf_shape(model_path: str, _mtime_ns: int, _size: int) -> dict:
-    meta = read_gguf_metadata(model_path)
+    meta = read_gguf_metadata(model_path, experts=True)
     arch = meta.get("general.architecture")
     if not arch:
         raise ValueError(f"{model_path}: no general.architecture in the GGUF metadata")
@@ -134,6 +153,9 @@ def _gguf_shape(model_path: str, _mtime_ns: int, _size: int) -> dict:
         "value_length": int(get("attention.value_length", head_dim)),
         "n_vocab": int(n_vocab),
         "n_ctx_train": int(get("context_length", 0)),
+        "expert_count": int(get("expert_count", 0) or 0),
+        "expert_used_count": int(get("expert_used_count", 0) or 0),
+        "expert_bytes": int(meta.get(EXPERT_BYTES, 0)),
     }
 
 
@@ -168,19 +190,25 @@ def estimate_llamacpp_mb(
         logits_all: whether logits are kept for every position (prompt lookup, perplexity).
 
     Returns:
-        ``weights_mb``, ``kv_mb``, ``logits_mb``, ``runtime_mb``, ``total_mb`` (their sum,
+        ``weights_mb``, ``active_weights_mb`` (what one decoded token reads: the weights less
+        the experts a mixture-of-experts model leaves unused), ``kv_mb``, ``logits_mb``, ``runtime_mb``, ``total_mb`` (their sum,
         the figure reported as ``mem_estimate_mb``), ``compute_reserved_mb`` (address
         space reserved, mostly not resident) and the architecture numbers used.
     """
     shape = gguf_shape(model_path)
     n_ctx = int(n_ctx) or shape["n_ctx_train"]
     weights = os.path.getsize(model_path) / MIB
+    active = weights
+    if shape["expert_count"] and shape["expert_used_count"] and shape["expert_bytes"]:
+        idle = 1 - min(shape["expert_used_count"], shape["expert_count"]) / shape["expert_count"]
+        active = weights - shape["expert_bytes"] * idle / MIB
     kv = kv_cache_mb(shape, n_ctx, type_k, type_v)
     rows = n_ctx if logits_all else 1
     logits = 2 * rows * shape["n_vocab"] * 4 / MIB
     compute = min(n_ubatch, n_ctx) * shape["n_vocab"] * 4 / MIB
     return {
         "weights_mb": weights,
+        "active_weights_mb": active,
         "kv_mb": kv,
         "logits_mb": logits,
         "runtime_mb": RUNTIME_MB,
