@@ -117,3 +117,14 @@ def test_the_summary_states_the_share_or_why_it_is_unknown():
     assert "no bandwidth for GPU 0" in why_unknown("llama_cpp", gpu, {"decode_tps": 1.0})
     assert Headroom(energy_j_per_token=0.5, energy_note="RAPL").energy_words() == (
         "energy 0.5 J per output token (RAPL)")
+
+
+def test_the_re_measured_winner_has_the_share_of_its_re_measured_speed():
+    from types import SimpleNamespace
+
+    from autotune.run.remeasure import _merge
+
+    rec = Record(3, {}, {"decode_tps": 40.0, "roofline_tps": 80.0, "roofline_pct": 50.0}, "ok", True)
+    merged = _merge(rec, [{"decode_tps": 20.0}, {"decode_tps": 24.0}], SimpleNamespace(constraints=[]))
+    assert merged.metrics["decode_tps"] == 22.0
+    assert merged.metrics["roofline_pct"] == pytest.approx(100 * 22.0 / 80.0)
