@@ -88,7 +88,8 @@ def load_curve_figure(study_dir: Path, summary: StudySummary | None, wl: Workloa
     if wl.slo.ttft_p95_ms is not None:
         fig.add_hline(y=wl.slo.ttft_p95_ms, line_dash="dash", line_color="#c00", row=1, col=1,
                       annotation_text=f"SLO {wl.slo.ttft_p95_ms:g} ms", annotation_position="top left")
-    fig.update_xaxes(title_text=unit)
+    fig.update_xaxes(title_text=unit, dtick=1 if wl.arrival == "closed" and max(
+        r["level"] for _, _, levels in curves for r in levels) <= 16 else None)  # whole users
     fig.update_layout(title="Load curve: rings mark the most load meeting the SLO on each curve",
                       legend={"orientation": "h", "yanchor": "top", "y": -0.2, "x": 0})
     return fig
