@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autotune.objectives import builtin  # noqa: F401  (registers the built-in metrics)
+from autotune.objectives import headroom  # noqa: F401  (roofline share, energy per token)
 from autotune.objectives import serving  # noqa: F401  (serving, load and multi-turn metrics)
 from autotune.objectives._registry import Direction
 from autotune.objectives._registry import Metric

@@ -51,8 +51,8 @@ def check_cpu() -> list[Check]:
                   "", ALL)
     bw = ram_bandwidth_gbps({})
     free = ram_available_gb()
-    ram = Check("RAM", "ok", f"{free:.1f} GiB available, {bw:.1f} GB/s (copy probe, cached)"
-                if free is not None else f"{bw:.1f} GB/s (copy probe, cached)", "", ALL)
+    ram = Check("RAM", "ok", f"{free:.1f} GiB available, {bw:.1f} GB/s (read probe, cached)"
+                if free is not None else f"{bw:.1f} GB/s (read probe, cached)", "", ALL)
     return [cores, ram]
 
 

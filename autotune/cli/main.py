@@ -90,6 +90,10 @@ def prepare(overrides: list[str], config_dir: str | None, dry_run: bool = False)
         from autotune.config.checks import validate_model_paths
 
         validate_model_paths(cfg.engine.variants)  # real runs only: --dry-run works anywhere
+        if not cfg.ray.address:
+            from autotune.config.checks import validate_energy_counter
+
+            validate_energy_counter([o.metric for o in cfg.objectives], [c.metric for c in cfg.constraints])
     return cfg, space, baseline
 
 

@@ -271,3 +271,17 @@ def validate_model_paths(variants: dict) -> None:
             raise ConfigError(key, path, "no such file or directory")
         if not os.access(p, os.R_OK) or (p.is_dir() and not os.access(p, os.X_OK)):
             raise ConfigError(key, path, "not readable")
+
+
+def validate_energy_counter(objectives: list[str], constraints: list[str]) -> None:
+    """``energy_j_per_token`` as an objective or constraint needs an energy counter here
+    (:func:`autotune.measure.energy.find_counters`); call it for a local Ray only, since a
+    cluster's nodes may have counters this machine lacks."""
+    for key, names in (("objectives", objectives), ("constraints", constraints)):
+        if "energy_j_per_token" in names:
+            from autotune.measure.energy import find_counters
+
+            counters, why = find_counters()
+            if not counters:
+                raise ConfigError(key, "energy_j_per_token", f"{why}; drop it or run where one is")
+            return

@@ -18,7 +18,9 @@ The estimates (docs/predict.md):
 
 Bandwidths come from ``engine.settings.memory_bandwidth_gbps`` (RAM) and
 ``engine.settings.gpus[i].bandwidth_gbps``, else a table of known GPUs, else (RAM) a
-quick numpy copy probe cached in ``~/.cache/autotune/bandwidth.json``.
+quick multi-threaded numpy read probe cached in ``~/.cache/autotune/bandwidth.json``
+(:mod:`autotune.engines.roofline`, which also turns a prediction's ``reads`` into the
+roofline at the workload's context).
 GB here are GiB (2**30 bytes): the unit of a card's "24 GB".
 """
 
@@ -29,17 +31,17 @@ import functools
 import json
 import math
 import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from autotune._expr import compile_expr
 from autotune._files import write_atomic
+from autotune.engines.roofline import READ_PROBE
+from autotune.engines.roofline import DeviceRead
+from autotune.engines.roofline import probe_ram_read_gbps
 from autotune.errors import ConfigError
 from autotune.errors import unknown_name
-from autotune.hardware import cpu_count
 from autotune.hardware import list_gpus
 
 GIB = float(1 << 30)
@@ -69,10 +71,11 @@ class Prediction:
     need_gb: tuple[float, ...] = ()
     have_gb: tuple[float, ...] = ()
     decode_tps_upper: float | None = None
+    reads: tuple[DeviceRead, ...] = ()  # bytes a decoded token reads per device (roofline.py)
 
 
 def verdict(need: list[float], have: list[float], labels: list[str] | None = None,
-            decode_tps_upper: float | None = None) -> Prediction:
+            decode_tps_upper: float | None = None, reads: tuple[DeviceRead, ...] = ()) -> Prediction:
     """A Prediction from per-device needs and capacities (the first device that overflows
     names the reason: "predicted OOM: needs 31.2 GB on GPU 1 of 24.0")."""
     labels = labels or [f"GPU {i}" for i in range(len(need))]
@@ -84,7 +87,7 @@ def verdict(need: list[float], have: list[float], labels: list[str] | None = Non
     if fits and (len(have) < len(need) or any(h is None for h in have)):
         fits = None  # a device whose capacity is unknown
     return Prediction(fits, reason, tuple(round(x, 3) for x in need),
-                      tuple(round(x, 3) for x in have if x is not None), decode_tps_upper)
+                      tuple(round(x, 3) for x in have if x is not None), decode_tps_upper, tuple(reads))
 
 
 def compare(pred: Prediction, metrics: dict[str, float]) -> dict[str, float]:
@@ -129,13 +132,15 @@ def ram_available_gb() -> float | None:
 
 
 def gpu_table(settings: dict) -> list[dict]:
-    """[{name, memory_gb, bandwidth_gbps}] from settings.gpus, else NVML (empty if none)."""
+    """[{name, memory_gb, bandwidth_gbps, bandwidth_source}] from settings.gpus, else NVML
+    (empty if none); a bandwidth not in the settings is the spec sheet's (GPU_BANDWIDTH_GBPS)."""
     gpus = [g if isinstance(g, dict) else as_dict(g) for g in as_dict(settings).get("gpus") or []]
     gpus = [dict(g) for g in gpus]
     if not gpus:
 
         gpus = [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]  # GiB
     for g in gpus:
+        g["bandwidth_source"] = "settings" if g.get("bandwidth_gbps") else "spec sheet"
         if not g.get("bandwidth_gbps"):
             name = str(g.get("name", ""))
             match = max((k for k in GPU_BANDWIDTH_GBPS if k.lower() in name.lower()), key=len, default=None)
@@ -149,48 +154,27 @@ def _bandwidth_cache() -> Path:
     return Path(root) / "bandwidth.json"
 
 
-def probe_ram_bandwidth_gbps(size_mb: int = 256, repeats: int = 3) -> float:
-    """RAM bandwidth (GB/s, 1e9) from the best of ``repeats`` numpy copies (read + write).
-
-    The copy is split across one thread per usable CPU (numpy releases the GIL while it
-    copies), since one core alone cannot saturate the memory bus that a multi-threaded
-    decode uses; a single-threaded probe undershoots and the "upper bound" ends up below
-    measured speeds.
-    """
-    import numpy as np
-
-    src = np.ones(size_mb * (1 << 20) // 8)
-    dst = np.empty_like(src)
-    parts = np.array_split(np.arange(src.size), max(1, cpu_count()))
-    bounds = [(int(ix[0]), int(ix[-1]) + 1) for ix in parts if ix.size]
-
-    def copy(lo_hi: tuple[int, int]) -> None:
-        np.copyto(dst[lo_hi[0]:lo_hi[1]], src[lo_hi[0]:lo_hi[1]])
-
-    best = math.inf
-    with ThreadPoolExecutor(len(bounds)) as pool:
-        list(pool.map(copy, bounds))  # first touch of dst, outside the timing
-        for _ in range(repeats):
-            t = time.perf_counter()
-            list(pool.map(copy, bounds))
-            best = min(best, time.perf_counter() - t)
-    return 2 * src.nbytes / best / 1e9
-
-
 def ram_bandwidth_gbps(settings: dict) -> float:
-    """``settings.memory_bandwidth_gbps``, else the cached probe (measured once per machine)."""
+    """``settings.memory_bandwidth_gbps``, else the cached read probe (measured once per machine)."""
     settings = as_dict(settings)
     if settings.get("memory_bandwidth_gbps"):
         return float(settings["memory_bandwidth_gbps"])
     path = _bandwidth_cache()
     try:
-        return float(json.loads(path.read_text())["ram_gbps"])
-    except (OSError, ValueError, KeyError):
-        pass
-    value = probe_ram_bandwidth_gbps()
-
-    write_atomic(path, json.dumps({"ram_gbps": value, "probe": "numpy copy on every CPU, 256 MiB, best of 3"}))
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    if isinstance(cached, dict) and "ram_read_gbps" in cached:
+        return float(cached["ram_read_gbps"])
+    value = probe_ram_read_gbps()  # none yet, or an older copy probe's file: its keys are kept
+    keep = cached if isinstance(cached, dict) else {}
+    write_atomic(path, json.dumps({**keep, "ram_read_gbps": value, "read_probe": READ_PROBE}))
     return value
+
+
+def ram_bandwidth_source(settings: dict) -> str:
+    """Where :func:`ram_bandwidth_gbps` comes from: the settings, or the read probe."""
+    return "settings" if as_dict(settings).get("memory_bandwidth_gbps") else "read probe"
 
 
 def decode_bound(bytes_per_device: list[tuple[float, float | None]]) -> float | None:

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
     from autotune.trial.spec import TrialResult
 
 COLUMNS = ("decode_tps", "prefill_tps", "ttft_p50_ms", "ttft_p95_ms", "ppl_delta_pct", "kld_mean", "peak_rss_mb",
-           "goodput_tps", "goodput_rps", "max_concurrency_at_slo", "max_rate_at_slo")
+           "goodput_tps", "goodput_rps", "max_concurrency_at_slo", "max_rate_at_slo", "roofline_pct",
+           "energy_j_per_token")
 
 
 def _fmt(v: Any) -> str:
@@ -210,6 +211,10 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
                 t.add_row(k, _fmt(base.metrics.get(k)) if base else "-", _fmt(win.metrics.get(k)))
         console.print(t)
         console.print("winner params: " + " ".join(f"{k}={v}" for k, v in win.params.items()))
+        if s.headroom:
+            for line in (s.headroom.roofline_words(), s.headroom.energy_words()):
+                if line:
+                    console.print(f"headroom: {line}")
         if base and win.number == base.number:
             console.print(f"[yellow]No configuration beat {defaults} under your "
                           "constraints: keep them (or widen the space / add trials).[/yellow]")

@@ -24,6 +24,9 @@ from optuna.trial import TrialState
 
 from autotune._files import write_atomic
 from autotune.objectives import get_metric
+from autotune.output.headroom_html import HEADROOM_COLUMNS
+from autotune.output.headroom_html import headroom_html
+from autotune.output.headroom_html import load_curve_figure
 from autotune.record.studies import constraints_as_written
 from autotune.record.studies import load_study
 from autotune.record.studies import read_config
@@ -236,6 +239,8 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
                     if first is not None and winner.feasible and not _feasible(first) else "")
     figs = {"pareto": pareto_figure(study, objectives, winner.number if winner else None, judged),
             "history": history_figure(study, metric), "importance": importance_figure(study, metric)}
+    if (curve := load_curve_figure(path, summary, config.workload)) is not None:
+        figs["load_curve"] = curve
     parts = []
     for name, fig in figs.items():
         if fig is None:
@@ -246,13 +251,15 @@ def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
             fig.update_layout(width=FIG_W, height=FIG_H)
             parts.append(f"<div class='plot'>{fig.to_html(full_html=False, include_plotlyjs=False, div_id=name)}</div>")
     name = html.escape(config.study.name)
-    metrics = list(dict.fromkeys([metric, *objectives]))
+    shown = [k for k in HEADROOM_COLUMNS if any(k in trial_attrs(t).metrics for t in study.trials)]
+    metrics = list(dict.fromkeys([metric, *objectives, *shown]))
     page = (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>autotune report: {name}</title>"
             f"<style>{CSS}</style><script>{plotly.offline.get_plotlyjs()}</script></head><body>"
             f"<h1>autotune study {name}</h1><p>engine {html.escape(config.engine.kind)}; "
             f"{len(study.trials)} trials recorded (budget {config.study.n_trials} launched); objectives "
             + ", ".join(html.escape(_label(o)) for o in objectives) + "</p>"
             + "".join(parts) + verdict_html(summary, constraints_as_written(config), metric, first_broken)
+            + headroom_html(summary)
             + "<h2>Every trial</h2>" + trials_table(study, metrics) + "</body></html>")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.html"]

@@ -27,7 +27,7 @@ from autotune.search.trials import Record
 
 # keys of summary.json written only when known (older summaries lack them too)
 _OPTIONAL = ("remeasured", "lead_within_noise", "runner_up", "speedup", "speedup_source",
-             "speedup_within_noise", "note", "stop_reason", "prediction")
+             "speedup_within_noise", "note", "stop_reason", "prediction", "headroom")
 
 
 def _record(data: dict | None) -> Record | None:
@@ -145,6 +145,38 @@ def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionErr
         speed_over_bound=sum(r > 1.05 for r in ratio),
     )
 
+@dataclass(frozen=True)
+class Headroom:
+    """The winner against the box's limits: its roofline share and its energy per token.
+
+    ``roofline_pct``: the winner's decode_tps / ``roofline_tps`` (the memory-bandwidth bound
+    at the workload's context, reading ``read_mb_per_token`` MiB per step at ``bandwidth``);
+    ``note``: why it is unknown. ``energy_j_per_token`` / ``energy_note`` likewise.
+    """
+
+    roofline_pct: float | None = None
+    roofline_tps: float | None = None
+    read_mb_per_token: float | None = None
+    bandwidth: str = ""
+    note: str = ""
+    energy_j_per_token: float | None = None
+    energy_note: str = ""
+
+    def roofline_words(self) -> str:
+        """"the winner runs at 48% of this box's memory-bandwidth limit (...)", or the note."""
+        if self.roofline_pct is None:
+            return self.note
+        return (f"the winner runs at {self.roofline_pct:.0f}% of this box's memory-bandwidth limit "
+                f"({self.read_mb_per_token:.0f} MB read per decode step at {self.bandwidth}: at most "
+                f"{self.roofline_tps:.0f} tok/s per stream)")
+
+    def energy_words(self) -> str:
+        """"energy 0.41 J per token (...)", or why there is none."""
+        if self.energy_j_per_token is None:
+            return self.energy_note
+        return f"energy {self.energy_j_per_token:.3g} J per output token ({self.energy_note})"
+
+
 def baseline_label(engine: str) -> str:
     """How the summary names the baseline of ``engine`` (its ``Engine.baseline_label``)."""
     try:
@@ -183,6 +215,7 @@ class StudySummary(Remeasurement):
     warnings: list[str] = field(default_factory=list)
     stop_reason: str | None = None
     prediction: PredictionError | None = None
+    headroom: Headroom | None = None
 
     def baseline_words(self) -> str | None:
         """What is wrong with the baseline the speed-up is stated over, when it is not the
@@ -202,7 +235,7 @@ class StudySummary(Remeasurement):
             value = getattr(self, f.name)
             if f.name in _OPTIONAL and value is None:
                 continue
-            if isinstance(value, (Record, PredictionError)):
+            if isinstance(value, (Record, PredictionError, Headroom)):
                 value = dataclasses.asdict(value)
             out[f.name] = value
         return out
@@ -222,6 +255,8 @@ class StudySummary(Remeasurement):
         kw["baseline"], kw["winner"] = _record(kw.get("baseline")), _record(kw.get("winner"))
         if kw.get("prediction") is not None:
             kw["prediction"] = PredictionError(**kw["prediction"])
+        if kw.get("headroom") is not None:
+            kw["headroom"] = Headroom(**kw["headroom"])
         return cls(**kw)
 
     @classmethod

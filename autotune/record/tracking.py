@@ -176,6 +176,10 @@ class Tracker:
             metrics.append(Metric("speedup", float(summary.speedup), now, 0))
         if metrics:
             self.client.log_batch(self.parent_id, metrics=metrics)
+        h = summary.headroom
+        for key, text in (("headroom", h and h.roofline_words()), ("energy", h and h.energy_words())):
+            if text:  # the sentence, or why the number is unknown
+                self.client.set_tag(self.parent_id, key, text[:5000])
         for f in files:
             if f.exists():
                 self.client.log_artifact(self.parent_id, str(f))

@@ -41,6 +41,9 @@ from autotune.record.summary import Verdict
 from autotune.record.summary import prediction_error
 from autotune.record.tracking import PARENT_ATTR
 from autotune.run import stop
+from autotune.run.headroom import energy_note
+from autotune.run.headroom import winner_headroom
+from autotune.run.headroom import with_roofline
 from autotune.run.launcher import Launcher
 from autotune.run.remeasure import choose_winner
 from autotune.run.remeasure import tail_spikes
@@ -84,6 +87,7 @@ class PendingTrial:
     params: dict[str, Any]
     deadline: float
     key: str
+    reads: list = ()  # what a decoded token reads per device (Prediction.reads, as dicts)
 
 
 class Driver:
@@ -288,13 +292,14 @@ class Driver:
         key = config_key(params)
         if key in self.measured or key in {p.key for p in self.pending.values()}:
             return self._duplicate(study, trial, params, key)
+        reads = [r.to_dict() for r in pred.reads]
         known = {"need_gb": list(pred.need_gb), "have_gb": list(pred.have_gb),
-                 "decode_tps_upper": pred.decode_tps_upper}
-        studylib.mark_launched(trial, params,
-                               known if pred.need_gb or pred.decode_tps_upper is not None else None)
+                 "decode_tps_upper": pred.decode_tps_upper, "reads": reads}
+        studylib.mark_launched(trial, params, known if pred.need_gb or reads
+                               or pred.decode_tps_upper is not None else None)
         ref = self.launcher.submit(trial.number, params)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
-        self.pending[ref] = PendingTrial(trial, params, deadline, key)
+        self.pending[ref] = PendingTrial(trial, params, deadline, key, reads)
         self.report.started(trial.number, params)
         return None
 
@@ -327,6 +332,7 @@ class Driver:
         if result.status == "ok":  # a spill into system memory is no fit (engines/spill.py)
             upper = self.predict(p.params).decode_tps_upper
             result = spill.judge(result, self.cfg.engine.settings, upper)
+        result = with_roofline(result, p.reads, self.cfg.workload)
         record = studylib.tell(study, p.trial, self.cfg, p.params, result)
         storage.backup(self.cfg.storage_url)  # optuna.db.bak: a damaged file costs this trial at most
         self.measured[p.key] = record
@@ -418,6 +424,9 @@ class Driver:
             remeasured=verdict.remeasured, lead_within_noise=verdict.lead_within_noise,
             runner_up=verdict.runner_up, speedup=speedup, speedup_source=source,
             speedup_within_noise=verdict.speedup_within_noise, note=verdict.note, stop_reason=self.stop_reason,
+            headroom=winner_headroom(cfg.engine.kind, winner, attrs[winner.number].prediction
+                                     if winner and winner.number in attrs else None,
+                                     energy_note(self.launcher.workdir(winner.number)) if winner else ""),
             prediction=prediction_error([(attrs[r.number].prediction, r.metrics)
                                          for r in measured if r.status == "ok"
                                          and attrs[r.number].prediction is not None]),

@@ -105,6 +105,8 @@ def _merge(rec: Record, runs: list[dict], cfg: Config) -> Record:
             vals = [m[key] for m in runs if key in m and math.isfinite(m[key])]
             if vals:
                 metrics[key] = statistics.median(vals)
+    if "roofline_tps" in metrics and "decode_tps" in metrics:  # the share of the re-measured speed
+        metrics["roofline_pct"] = 100.0 * metrics["decode_tps"] / metrics["roofline_tps"]
     cons = constraint_values(cfg, metrics)
     return replace(rec, metrics=metrics, feasible=all(v <= 0 for v in cons.values()), violations=cons)
 

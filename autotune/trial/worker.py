@@ -18,6 +18,10 @@ from pathlib import Path
 
 from autotune._files import write_atomic
 from autotune.errors import InfeasibleConfig
+from autotune.measure.energy import EnergyMeter
+from autotune.measure.energy import energy_metrics
+from autotune.measure.energy import find_counters
+from autotune.measure.energy import measured_tokens
 from autotune.measure.quality import load_text
 from autotune.measure.quality import save_reference
 from autotune.registry import get_engine_class
@@ -49,11 +53,17 @@ def execute(spec: TrialSpec) -> TrialResult:
             tokens, logits = engine.logprobs(load_text(spec.quality.text), spec.quality.n_tokens)
             meta = save_reference(Path(spec.quality.reference_dir), tokens, logits)
             return TrialResult(spec.number, "ok", {"ppl": meta["ppl"]}, info=engine.info)
-        metrics, raw = engine.measure(spec.workload)
-        metrics = {"load_s": load_s, **metrics, **engine.memory()}
+        counters, no_energy = find_counters()
+        with EnergyMeter(counters) as meter:
+            metrics, raw = engine.measure(spec.workload)
+        wl = spec.workload
+        energy = energy_metrics(meter, measured_tokens(raw, wl.warmup * wl.max_tokens))
+        metrics = {"load_s": load_s, **metrics, **engine.memory(), **energy}
         if spec.quality.enabled:
             metrics |= engine.quality(spec.quality)
-        return TrialResult(spec.number, "ok", metrics, info={**engine.info, "samples": raw})
+        return TrialResult(spec.number, "ok", metrics, info={
+            **engine.info, "samples": raw, "energy": meter.describe() if energy else no_energy
+            or "no output tokens counted"})
     except InfeasibleConfig as e:
         return TrialResult(spec.number, "infeasible", reason=str(e), info=engine.info)
     except MemoryError:

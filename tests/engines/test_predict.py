@@ -18,9 +18,9 @@ from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
 from autotune.engines.predict import GIB
 from autotune.engines.predict import Prediction
 from autotune.engines.predict import compare
-from autotune.engines.predict import probe_ram_bandwidth_gbps
 from autotune.engines.predict import ram_bandwidth_gbps
 from autotune.engines.predict import validate_command_predict
+from autotune.engines.roofline import probe_ram_read_gbps
 from autotune.engines.vllm.engine import VLLMEngine
 from autotune.errors import ConfigError
 
@@ -187,7 +187,10 @@ def test_bandwidth_probe_is_cached(tmp_path, monkeypatch):
     first = ram_bandwidth_gbps({})
     assert first > 0.1 and (tmp_path / "bandwidth.json").exists()
     assert ram_bandwidth_gbps({}) == first  # read back, not probed again
-    assert probe_ram_bandwidth_gbps(size_mb=8, repeats=1) > 0.1
+    (tmp_path / "bandwidth.json").write_text(json.dumps({"ram_gbps": 99.0}))  # an old copy probe's
+    assert ram_bandwidth_gbps({}) != 99.0  # the read probe runs; the old key is kept beside it
+    assert json.loads((tmp_path / "bandwidth.json").read_text())["ram_gbps"] == 99.0
+    assert probe_ram_read_gbps(size_mb=8, repeats=1) > 0.1
 
 
 def test_bench_surface_predictions_never_refuse_what_runs():

@@ -32,6 +32,7 @@ from autotune.output.report_html import _label
 from autotune.output.report_html import verdict_html
 from autotune.record.studies import read_summary
 from autotune.record.study import records
+from autotune.record.summary import Headroom
 from autotune.record.summary import PredictionError
 from autotune.record.summary import StudySummary
 from autotune.search.select import pareto_front
@@ -39,6 +40,21 @@ from autotune.search.trials import Record
 
 
 # ---- the renderers as they were (frozen; do not edit) ----------------------------------------
+def _headroom_lines(h: dict | None) -> list[str]:
+    """What the console prints of summary.json's ``headroom`` (issue 46), from the dict."""
+    if not h:
+        return []
+    if h["roofline_pct"] is None:
+        roof = h["note"]
+    else:
+        roof = (f"the winner runs at {h['roofline_pct']:.0f}% of this box's memory-bandwidth limit "
+                f"({h['read_mb_per_token']:.0f} MB read per decode step at {h['bandwidth']}: at most "
+                f"{h['roofline_tps']:.0f} tok/s per stream)")
+    energy = (h["energy_note"] if h["energy_j_per_token"] is None else
+              f"energy {h['energy_j_per_token']:.3g} J per output token ({h['energy_note']})")
+    return [x for x in (roof, energy) if x]
+
+
 def _legacy_render_summary(console, s, sel, files):
     console.print()
     console.print(
@@ -69,6 +85,8 @@ def _legacy_render_summary(console, s, sel, files):
                 t.add_row(k, _fmt(base["metrics"].get(k)) if base else "-", _fmt(win["metrics"].get(k)))
         console.print(t)
         console.print("winner params: " + " ".join(f"{k}={v}" for k, v in win["params"].items()))
+        for line in _headroom_lines(s.get("headroom")):  # added by issue 46, read from the dict
+            console.print(f"headroom: {line}")
         if base and win["number"] == base["number"]:
             console.print("[yellow]No configuration beat the engine defaults under your "
                           "constraints: keep them (or widen the space / add trials).[/yellow]")
@@ -142,6 +160,10 @@ CASES = {
                                    "lead_within_noise": None, "speedup": None}),
     "no winner": StudySummary(study="s", engine="fake", interrupted=False, n_trials=2, n_failed=2,
                               note="every trial failed <here>"),
+    "headroom": replace(FULL, headroom=Headroom(48.2, 120.0, 243.4, "RAM 30.5 GB/s (read probe)",
+                                                energy_j_per_token=0.41, energy_note="RAPL package-0")),
+    "headroom unknown": replace(FULL, headroom=Headroom(note="roofline share unknown: why",
+                                                        energy_note="no energy counter readable here")),
     "interrupted": StudySummary(study="s", engine="fake", interrupted=True, n_trials=1, n_feasible=1,
                                 baseline=BASE, winner=BASE),
 }

@@ -166,6 +166,11 @@ def _gguf_shape(model_path: str, _mtime_ns: int, _size: int) -> dict:
         "value_length": int(get("attention.value_length", head_dim)),
         "n_vocab": int(n_vocab),
         "n_ctx_train": int(get("context_length", 0)),
+        "expert_count": int(get("expert_count", 0) or 0),
+        "expert_used_count": int(get("expert_used_count", 0) or 0),
+        # the stacked expert weights (``blk.N.ffn_*_exps``), from the tensor table (MoE only)
+        "expert_bytes": sum(b for n, b in read_gguf_tensors(model_path).items() if "_exps" in n)
+        if get("expert_count", 0) else 0,
     }
 
 
@@ -200,19 +205,25 @@ def estimate_llamacpp_mb(
         logits_all: whether logits are kept for every position (prompt lookup, perplexity).
 
     Returns:
-        ``weights_mb``, ``kv_mb``, ``logits_mb``, ``runtime_mb``, ``total_mb`` (their sum,
+        ``weights_mb``, ``active_weights_mb`` (what one decoded token reads: the weights less
+        the experts a mixture-of-experts model leaves unused), ``kv_mb``, ``logits_mb``, ``runtime_mb``, ``total_mb`` (their sum,
         the figure reported as ``mem_estimate_mb``), ``compute_reserved_mb`` (address
         space reserved, mostly not resident) and the architecture numbers used.
     """
     shape = gguf_shape(model_path)
     n_ctx = int(n_ctx) or shape["n_ctx_train"]
     weights = os.path.getsize(model_path) / MIB
+    active = weights
+    if shape["expert_count"] and shape["expert_used_count"] and shape["expert_bytes"]:
+        idle = 1 - min(shape["expert_used_count"], shape["expert_count"]) / shape["expert_count"]
+        active = weights - shape["expert_bytes"] * idle / MIB
     kv = kv_cache_mb(shape, n_ctx, type_k, type_v)
     rows = n_ctx if logits_all else 1
     logits = 2 * rows * shape["n_vocab"] * 4 / MIB
     compute = min(n_ubatch, n_ctx) * shape["n_vocab"] * 4 / MIB
     return {
         "weights_mb": weights,
+        "active_weights_mb": active,
         "kv_mb": kv,
         "logits_mb": logits,
         "runtime_mb": RUNTIME_MB,

@@ -23,7 +23,9 @@ from autotune.engines.predict import decode_bound
 from autotune.engines.predict import gpu_table
 from autotune.engines.predict import ram_available_gb
 from autotune.engines.predict import ram_bandwidth_gbps
+from autotune.engines.predict import ram_bandwidth_source
 from autotune.engines.predict import verdict
+from autotune.engines.roofline import DeviceRead
 
 # approximate bits per weight of llama.cpp file types, to size a variant not yet made
 FTYPE_BPW = {0: 32.0, 1: 16.0, 2: 4.5, 3: 5.0, 7: 8.5, 8: 5.5, 9: 6.0, 10: 3.35, 11: 3.5,
@@ -75,9 +77,14 @@ def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
     cpu_need = weights * (1 - on_gpu) + (kv if ngl == 0 or not p.get("offload_kqv", True) else 0.0)
     cpu_need += (est["logits_mb"] + est["runtime_mb"]) * MIB / GIB
     cpu_bw = ram_bandwidth_gbps(settings)
+    active = est["active_weights_mb"] * factor * MIB  # bytes a token reads (active experts only)
+    kv_ctx = est["kv_mb"] * MIB / max(est["n_ctx"], 1)  # KV bytes per token of context
+    cpu_kv = ngl == 0 or not p.get("offload_kqv", True)
+    ram = DeviceRead("RAM", active * (1 - on_gpu), kv_ctx * (1.0 if cpu_kv else 1 - on_gpu), cpu_bw,
+                     ram_bandwidth_source(settings))
     if not ngl:
         upper = decode_bound([(weights * GIB, cpu_bw)])
-        return verdict([cpu_need], [ram_available_gb()], ["RAM"], upper)
+        return verdict([cpu_need], [ram_available_gb()], ["RAM"], upper, (ram,))
     gpus = gpu_table(settings)
     if not gpus:
         return Prediction(reason="n_gpu_layers > 0 but no GPU is known (engine.settings.gpus)")
@@ -92,9 +99,13 @@ def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
             for s in split]
     parts = [(weights * (1 - on_gpu) * GIB, cpu_bw)]
     parts += [(weights * on_gpu * s / total * GIB, g.get("bandwidth_gbps")) for s, g in zip(split, gpus)]
+    reads = [ram] + [DeviceRead(f"GPU {i}", active * on_gpu * s / total,
+                                0.0 if cpu_kv else kv_ctx * on_gpu * s / total,
+                                g.get("bandwidth_gbps"), g.get("bandwidth_source", ""))
+                     for i, (s, g) in enumerate(zip(split, gpus))]
     labels = ["RAM"] + [f"GPU {i}" for i in range(len(gpus))]
     return verdict([cpu_need] + need, [ram_available_gb()] + [float(g["memory_gb"]) for g in gpus],
-                   labels, decode_bound(parts))
+                   labels, decode_bound(parts), tuple(reads))
 
 
 def predict_placed(p: dict, settings: dict, variants: dict) -> Prediction | None:
@@ -129,5 +140,9 @@ def predict_placed(p: dict, settings: dict, variants: dict) -> Prediction | None
     bws = [ram_bandwidth_gbps(settings)] + [g.get("bandwidth_gbps") for g in gpus]
     upper = decode_bound([(r * factor, bw) for r, bw in zip(placed["read"], bws)])
     labels = ["RAM"] + [f"GPU {i}" for i in range(len(gpus))]
+    sources = [ram_bandwidth_source(settings)] + [g.get("bandwidth_source", "") for g in gpus]
+    per_ctx = GIB / max(est["n_ctx"], 1)  # KV bytes per token of context, from GB at n_ctx
+    reads = tuple(DeviceRead(label, r * factor, k * per_ctx, bw, src)
+                  for label, r, k, bw, src in zip(labels, placed["read"], kv, bws, sources))
     return verdict(need, [ram_available_gb()] + [float(g["memory_gb"]) for g in gpus],
-                   labels, upper)
+                   labels, upper, reads)
