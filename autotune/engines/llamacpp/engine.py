@@ -70,6 +70,10 @@ class LlamaCppEngine(Engine):
     context_knob = "n_ctx"
     settings_schema = LlamaCppSettings
     max_concurrency: ClassVar[int] = 1  # one in-process Llama: no batching of requests
+    # logprobs() loads the variant with the trial's K/V types at n_ctx = quality.n_tokens; the
+    # other knobs (threads, batch sizes, flash_attn) move the logits by rounding only, and the
+    # prompt-lookup draft is not used there
+    quality_knobs: ClassVar[tuple[str, ...]] = ("model", "type_k", "type_v")
     knobs = {
         "model": Knob("str", doc="model variant name (engine.variants)"),
         "n_threads": Knob("int", low=1, high=512, spelling="n_threads / -t"),
