@@ -74,6 +74,7 @@ class QualityConfig:
     n_tokens: int = 512
     reference: dict = field(default_factory=dict)
     kld: bool = True
+    reuse: bool = True  # a trial whose quality knobs were measured reuses those numbers
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,8 @@ class Engine:
     uses_variants: ClassVar[bool] = True  # engine.variants are checked by models.validate_variants
     supports_quality: ClassVar[bool] = True  # logprobs() gives full next-token distributions
     quality_hint: ClassVar[str] = ""  # added to the error when quality is on but unsupported
+    # the knobs that change the output distribution (autotune.run.quality_memo); None: unknown
+    quality_knobs: ClassVar[tuple[str, ...] | None] = None
     max_concurrency: ClassVar[int | None] = None  # requests served at once (None: no limit)
     context_knob: ClassVar[str | None] = None  # the knob setting the context in tokens (n_ctx...)
     baseline_label: ClassVar[str] = "the engine defaults"  # what trial 0 is, as reports name it

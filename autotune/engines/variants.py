@@ -12,6 +12,7 @@ two trials that make the same variant at once both end up with a complete file.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import json
@@ -78,8 +79,13 @@ def package_file(package: str) -> Path:
 
 def quantized_file(src: Path, recipe: dict) -> Path:
     """Where the variant quantised from ``src`` with ``recipe`` is cached (one file per pair)."""
-    key = hashlib.sha256(json.dumps([str(src), recipe], sort_keys=True).encode()).hexdigest()[:12]
-    return cache_dir() / f"{src.stem}.{recipe['ftype'].lower()}.{key}.gguf"
+    return cache_dir() / _quantized_name(str(src), json.dumps(recipe, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=256)
+def _quantized_name(src: str, recipe: str) -> str:
+    key = hashlib.sha256(json.dumps([src, json.loads(recipe)], sort_keys=True).encode()).hexdigest()[:12]
+    return f"{Path(src).stem}.{json.loads(recipe)['ftype'].lower()}.{key}.gguf"
 
 
 def made_variant_file(name: str, variants: dict) -> Path | None:

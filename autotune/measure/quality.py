@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from autotune.measure.spec import QualitySpec
 
 CHUNK_ROWS = 64
+# what quality_metrics returns (with a reference: compare), the numbers a trial may reuse
+QUALITY_METRICS = ("ppl", "ppl_delta", "ppl_delta_pct", "kld_mean", "kld_p99", "same_top_pct")
 
 
 def load_text(name: str) -> str:

@@ -9,6 +9,10 @@ for the re-measurement, then the summary table. :func:`print_summary` and
 from __future__ import annotations
 
 import math
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 from typing import Any
@@ -32,6 +36,8 @@ if TYPE_CHECKING:
     from autotune.record.studies import StudyState
     from autotune.search.trials import Record
     from autotune.trial.spec import TrialResult
+
+SLOW_STEP_S = 3.0  # a driver step that takes longer says what it is doing
 
 COLUMNS = ("decode_tps", "prefill_tps", "ttft_p50_ms", "ttft_p95_ms", "ppl_delta_pct", "kld_mean", "peak_rss_mb",
            "goodput_tps", "goodput_rps", "max_concurrency_at_slo", "max_rate_at_slo", "roofline_pct",
@@ -58,6 +64,7 @@ class Reporter:
         self.task: Any = None
         self._launched: set[int] = set()
         self._remeasuring = False
+        self._steps: list[str] = []  # the driver steps in progress (slow_step), innermost last
 
     # ---- progress bar ------------------------------------------------------------------
     def _best_text(self) -> str:
@@ -105,6 +112,30 @@ class Reporter:
         self.best = best.metrics[sel] if best else None
         base = next((r for r in recs if r.number == 0), None)
         self.base = base.metrics.get(sel) if base else None
+
+    @contextmanager
+    def slow_step(self, what: str, after_s: float = SLOW_STEP_S) -> Iterator[None]:
+        """Say ``what`` the driver is doing when it takes more than ``after_s`` (from a timer
+        thread; rich's console is thread-safe), and how long it took. Nested steps: only the
+        innermost one speaks."""
+        self._steps.append(what)
+        t0, said = time.monotonic(), threading.Event()
+
+        def say() -> None:
+            if self._steps and self._steps[-1] == what:
+                said.set()
+                self.note(f"{what} ...")
+
+        timer = threading.Timer(after_s, say)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            self._steps.pop()
+            if said.is_set():
+                self.note(f"{what}: done in {time.monotonic() - t0:.1f} s")
 
     def note(self, text: str) -> None:
         self.console.print(f"[dim]{text}[/dim]")
@@ -185,6 +216,8 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
         f"[bold]{s.n_trials} trials[/bold]: {s.n_feasible} feasible, {s.n_infeasible} infeasible, "
         f"{s.n_failed} failed; {s.elapsed_s:.0f} s"
     )
+    if s.overhead_s is not None:
+        console.print(f"search overhead {s.overhead_s:.0f} s of {s.elapsed_s:.0f} s")
     if s.n_rejected or s.n_duplicates:
         console.print(f"{s.n_rejected} proposals refused before launch, "
                       f"{s.n_duplicates} repeats reused (not counted)")

@@ -36,6 +36,7 @@ from autotune.search.trials import broken_text
 from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
+    from autotune.record.study import TrialAttrs
     from autotune.record.summary import StudySummary
 
 FIG_W, FIG_H = 900, 520
@@ -153,9 +154,24 @@ def _cell(v: Any) -> str:
     return html.escape("-" if v is None else str(v))
 
 
+def _duration(a: TrialAttrs) -> str:
+    """A trial's wall-clock and, in its tooltip, its phases ("-" for one never launched)."""
+    if not a.duration_s:
+        return "-"
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in a.times_s.items())
+    return f"<span title='{html.escape(parts)}'>{a.duration_s:.1f}</span>" if parts else f"{a.duration_s:.1f}"
+
+
+def _reason(t: optuna.trial.FrozenTrial, a: TrialAttrs) -> str:
+    """Why a trial failed or broke a bound, and where its quality numbers came from."""
+    why = a.reason or broken_text(dict(t.constraints or {}), a.metrics)
+    reused = f"quality reused from trial #{a.quality_from}" if a.quality_from is not None else ""
+    return "; ".join(x for x in (why, reused) if x)
+
+
 def trials_table(study: optuna.Study, metrics: list[str]) -> str:
     """Every trial: number, status, feasible, reason, the main metrics and the parameters."""
-    head = ["#", "status", "feasible", *[_label(m) for m in metrics], "parameters", "reason"]
+    head = ["#", "status", "feasible", *[_label(m) for m in metrics], "time (s)", "parameters", "reason"]
     rows = []
     for t in study.get_trials(deepcopy=False):
         a = trial_attrs(t)
@@ -163,7 +179,8 @@ def trials_table(study: optuna.Study, metrics: list[str]) -> str:
         ok = status == "ok" and t.state == TrialState.COMPLETE and _feasible(t)
         params = a.params or t.params
         cells = [str(t.number), status, "yes" if ok else "no", *[_cell(a.metrics.get(k)) for k in metrics],
-                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(a.reason or broken_text(dict(t.constraints or {}), a.metrics))]
+                 _duration(a),
+                 _cell(" ".join(f"{k}={v}" for k, v in params.items())), _cell(_reason(t, a))]
         rows.append(f"<tr class='{html.escape(status)}'>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return ("<table id='trials'><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head)
             + "</tr></thead><tbody>" + "\n".join(rows) + "</tbody></table>")

@@ -158,7 +158,10 @@ def _replay(study: optuna.Study, cfg: Config, space: Space, workdir: Path) -> st
     end = log.stat().st_mtime if log.exists() else result_path.stat().st_mtime
     result = result.replace(duration_s=result.duration_s or max(0.0, end - start),
                             node=result.node or platform.node())  # as the runner fills them in
-    studylib.tell(study, trial, cfg, params, result, attrs={"role": "baseline"} if spec.number == 0 else None)
+    attrs = {"role": "baseline"} if spec.number == 0 else {}
+    if result.info.get("quality_from") is not None:  # quality numbers reused (quality.reuse)
+        attrs["quality_from"] = result.info["quality_from"]
+    studylib.tell(study, trial, cfg, params, result, attrs=attrs or None)
     return "trials/"
 
 

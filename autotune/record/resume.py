@@ -57,7 +57,9 @@ def config_parts(cfg: Config) -> dict[str, Any]:
         "engine": cfg.engine.kind,
         "model variants": _variants(cfg),
         "workload": raw.get("workload"),
-        "quality reference": raw.get("quality") if cfg.quality.enabled else {"enabled": False},
+        # quality.reuse saves measurements without changing what one means
+        "quality reference": ({k: v for k, v in (raw.get("quality") or {}).items() if k != "reuse"}
+                              if cfg.quality.enabled else {"enabled": False}),
         "objectives": [o.metric for o in cfg.objectives],
         "constraint metrics": sorted({c.metric for c in cfg.constraints}),
         "budget": {"n_trials": st.n_trials, "timeout_s": st.timeout_s},

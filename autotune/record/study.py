@@ -213,7 +213,8 @@ def tell(study: optuna.Study, trial: optuna.Trial, cfg: Config, params: dict, re
     for name, value in cons.items():
         trial.set_constraint(name, value)
     stored = {"status": status, "reason": reason, "metrics": metrics, "params": params,
-              "node": result.node, "duration_s": result.duration_s, "kind": kind, **(attrs or {})}
+              "node": result.node, "duration_s": result.duration_s, "kind": kind,
+              **({"times_s": result.times_s} if result.times_s else {}), **(attrs or {})}
     _set_attrs(trial, stored)
     if status == "ok":
         study.tell(trial, values)

@@ -27,7 +27,8 @@ from autotune.search.trials import Record
 
 # keys of summary.json written only when known (older summaries lack them too)
 _OPTIONAL = ("remeasured", "lead_within_noise", "runner_up", "speedup", "speedup_source",
-             "speedup_within_noise", "note", "stop_reason", "prediction", "headroom")
+             "speedup_within_noise", "note", "stop_reason", "prediction", "headroom",
+             "overhead_s")
 
 
 def _record(data: dict | None) -> Record | None:
@@ -205,6 +206,7 @@ class StudySummary(Remeasurement):
     n_failed: int = 0
     n_infeasible: int = 0
     elapsed_s: float = 0.0
+    overhead_s: float | None = None  # the driver's own time in elapsed_s (asks, pool, tells, logs)
     objectives: list[str] = field(default_factory=list)
     constraints: list[str] = field(default_factory=list)
     workload: dict = field(default_factory=dict)

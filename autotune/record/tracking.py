@@ -95,7 +95,9 @@ class Tracker:
         )
         rid = run.info.run_id
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, 0) for k, v in result.metrics.items()
+        durations = {"duration_s": result.duration_s,
+                     **{f"duration_{k}_s": v for k, v in result.times_s.items()}}
+        metrics = [Metric(k, float(v), now, 0) for k, v in {**result.metrics, **durations}.items()
                    if isinstance(v, (int, float)) and math.isfinite(v)]
         tags = {"status": result.status, "feasible": str(feasible), "reason": result.reason[:5000],
                 "node": result.node, "duration_s": f"{result.duration_s:.2f}"}
@@ -159,7 +161,8 @@ class Tracker:
             feasible = t.state == TrialState.COMPLETE and status == "ok" and all(
                 v <= 0 for v in cons.values())
             result = TrialResult(t.number, status, metrics=dict(attrs.metrics or {}),
-                                 reason=str(attrs.reason), node=attrs.node, duration_s=attrs.duration_s)
+                                 reason=str(attrs.reason), node=attrs.node, duration_s=attrs.duration_s,
+                                 times_s=dict(attrs.times_s))
             log = self.study_dir / "trials" / f"{t.number:04d}" / "trial.log"
             self.log_trial(t.number, dict(attrs.params or t.params), result, feasible,
                            log if log.exists() else None)

@@ -41,10 +41,12 @@ from autotune.record.summary import Verdict
 from autotune.record.summary import prediction_error
 from autotune.record.tracking import PARENT_ATTR
 from autotune.run import stop
+from autotune.run.clock import Clock
 from autotune.run.headroom import energy_note
 from autotune.run.headroom import winner_headroom
 from autotune.run.headroom import with_roofline
 from autotune.run.launcher import Launcher
+from autotune.run.quality_memo import QualityMemo
 from autotune.run.remeasure import choose_winner
 from autotune.run.remeasure import tail_spikes
 from autotune.search import trials as trialslib
@@ -88,6 +90,7 @@ class PendingTrial:
     deadline: float
     key: str
     reads: list = ()  # what a decoded token reads per device (Prediction.reads, as dicts)
+    quality_from: int | None = None  # the trial whose quality numbers this one reuses
 
 
 class Driver:
@@ -111,6 +114,8 @@ class Driver:
         self.fork_of = fork_of  # the study a fork (autotune run --fork) was seeded from
         self.stopped: KeyboardInterrupt | None = None  # Ctrl-C, SIGTERM or SIGHUP (run.stop)
         self.stop_mark = stop.mark()  # the stop signals that came before this driver are not its own
+        self.clock = Clock()  # the loop and its waits for trials: the rest is search overhead
+        self.quality = QualityMemo(cfg, space.engine)  # quality measured once per quality key
 
     # ---- before the loop -------------------------------------------------------------
     def ensure_reference(self) -> None:
@@ -146,8 +151,10 @@ class Driver:
 
     def pool(self) -> Pool:
         """The launchable configurations (rules, engine check, fit prediction) for ``bo``."""
-        return build_pool(self.space, self._screen, self.cfg.study.seed,
-                          ordered=uses_order(self.cfg.study.search))
+        with self.report.slow_step("building the pool of launchable configurations (rules, "
+                                   "engine check and fit prediction of each)"):
+            return build_pool(self.space, self._screen, self.cfg.study.seed,
+                              ordered=uses_order(self.cfg.study.search))
 
     @functools.cached_property
     def speed_prior(self) -> bool:
@@ -212,7 +219,8 @@ class Driver:
         try:
             self.ensure_reference()
             with stop.deferred():  # a stop raises while the loop waits, never mid-write
-                self._loop(study, t0)
+                with self.clock.span("loop"):
+                    self._loop(study, t0)
             stop.check(self.stop_mark)
         except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM / SIGHUP (autotune.run.stop.Stopped)
             interrupted, self.stopped = True, e
@@ -235,6 +243,7 @@ class Driver:
         launched = studylib.n_launched(study)
         self.measured = {config_key(r.params): r for r in studylib.records(study)
                          if r.kind == trialslib.LAUNCHED}
+        self.quality.recall(study)  # a resumed study's quality measurements
         cap = cfg.study.max_rejected or REJECTED_PER_TRIAL * cfg.study.n_trials
         refused = 0  # proposals in a row that could not be launched
         exhausted = getattr(study.sampler, "is_exhausted", lambda _s: False)
@@ -259,10 +268,11 @@ class Driver:
                                         f"({launched} of study.n_trials={cfg.study.n_trials})")
                     self.report.note(self.stop_reason)
                 return
-            with stop.interruptible(self.stop_mark):
-                ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
-            if ready:  # tell everything already done before refilling
-                ready += self.placement.wait_all_done([r for r in self.pending if r not in ready])
+            with self.clock.span("wait"):
+                with stop.interruptible(self.stop_mark):
+                    ready = self.placement.wait(list(self.pending), cfg.ray.wait_timeout_s)
+                if ready:  # tell everything already done before refilling
+                    ready += self.placement.wait_all_done([r for r in self.pending if r not in ready])
             for ref in ready:
                 p = self.pending.pop(ref)
                 self._finish_one(study, p, self.placement.result(ref, p.trial.number))
@@ -278,7 +288,8 @@ class Driver:
 
     def _ask_one(self, study: optuna.Study) -> str | None:
         """Ask for a trial and launch it (None), or settle it at once and say why not."""
-        trial = study.ask()
+        with self.report.slow_step("the sampler is choosing the next configuration"):
+            trial = study.ask()
         params = self.space.suggest(trial)
         reasons = self.space.violations(params)
         if reasons:
@@ -297,10 +308,14 @@ class Driver:
                  "decode_tps_upper": pred.decode_tps_upper, "reads": reads}
         studylib.mark_launched(trial, params, known if pred.need_gb or reads
                                or pred.decode_tps_upper is not None else None)
-        ref = self.launcher.submit(trial.number, params)
+        reuse = self.quality.lookup(params)
+        ref = self.launcher.submit(trial.number, params, quality=reuse is None)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
-        self.pending[ref] = PendingTrial(trial, params, deadline, key, reads)
+        self.pending[ref] = PendingTrial(trial, params, deadline, key, reads, reuse and reuse[0])
         self.report.started(trial.number, params)
+        if reuse:
+            self.report.note(f"  #{trial.number} reuses the quality measured by trial {reuse[0]} "
+                             f"(same {', '.join(self.space.engine.quality_knobs or ())})")
         return None
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str) -> str:
@@ -333,7 +348,9 @@ class Driver:
             upper = self.predict(p.params).decode_tps_upper
             result = spill.judge(result, self.cfg.engine.settings, upper)
         result = with_roofline(result, p.reads, self.cfg.workload)
-        record = studylib.tell(study, p.trial, self.cfg, p.params, result)
+        result, attrs = self.quality.settle(p.trial.number, p.params, result, p.quality_from,
+                                            self.launcher.workdir(p.trial.number) / "result.json")
+        record = studylib.tell(study, p.trial, self.cfg, p.params, result, attrs=attrs)
         storage.backup(self.cfg.storage_url)  # optuna.db.bak: a damaged file costs this trial at most
         self.measured[p.key] = record
         self.report.finished(record, result.duration_s)
@@ -417,7 +434,8 @@ class Driver:
             n_feasible=sum(r.feasible for r in measured),
             n_failed=sum(r.status in ("failed", "timeout") for r in measured),
             n_infeasible=sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in measured),
-            elapsed_s=round(elapsed, 1), objectives=objectives, constraints=[str(c) for c in cfg.constraints],
+            elapsed_s=round(elapsed, 1), overhead_s=round(self.clock.overhead_s(), 1),
+            objectives=objectives, constraints=[str(c) for c in cfg.constraints],
             workload=cfg.workload.to_dict(), baseline=baseline, winner=winner, pareto=[r.number for r in front],
             winner_metrics=winner.metrics if winner else {},
             warnings=self.space.engine.export_warnings(winner.params, cfg.engine.settings) if winner else [],

@@ -61,9 +61,9 @@ class Launcher:
         """'' if the cluster could ever hold the trial, else why it never can."""
         return self.placement.fits(self.resources(params))
 
-    def submit(self, number: int, params: dict[str, Any]):
-        """Start a search trial; returns the placement's handle to wait on."""
-        return self.placement.submit(self.spec(number, params), self.resources(params))
+    def submit(self, number: int, params: dict[str, Any], quality: bool = True):
+        """Start a search trial (``quality``: measure it); returns the placement's handle."""
+        return self.placement.submit(self.spec(number, params, quality=quality), self.resources(params))
 
     def run_now(self, number: int, params: dict[str, Any], mode: str = "trial", quality: bool = True,
                 tag: str = "trials") -> TrialResult:

@@ -95,14 +95,16 @@ def remeasure(launcher: Launcher, report: Reporter, configs: list[Record],
     return out
 
 
-def _merge(rec: Record, runs: list[dict], cfg: Config) -> Record:
-    """The record with its speed metrics replaced by medians over the re-runs."""
+def _merge(rec: Record, runs: list[dict], raws: list[dict], cfg: Config) -> Record:
+    """The record with its speed metrics replaced by medians over the re-runs: of the pooled
+    per-request samples where the runs kept them (``RAW_KEYS``; the median the summary's table,
+    CI and noise verdicts show), else of the runs' values."""
     if not runs:
         return replace(rec, feasible=False, reason="re-measurement failed")
     metrics = dict(rec.metrics)
     for key in {k for m in runs for k in m}:
         if key.startswith(SPEED_PREFIXES) or key in ("peak_rss_mb", "vram_peak_gb"):
-            vals = [m[key] for m in runs if key in m and math.isfinite(m[key])]
+            vals = _samples(key, runs, raws)
             if vals:
                 metrics[key] = statistics.median(vals)
     if "roofline_tps" in metrics and "decode_tps" in metrics:  # the share of the re-measured speed
@@ -133,7 +135,7 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
                      and baseline.number not in {c.number for c in top} else [])
     report.note(f"re-measuring trials {[c.number for c in configs]} x{sel.rerun_repeats}, interleaved")
     runs = remeasure(launcher, report, configs, sel.rerun_repeats)
-    merged = {r.number: _merge(r, runs[r.number][0], cfg) for r in configs}
+    merged = {r.number: _merge(r, *runs[r.number], cfg) for r in configs}
     pool = [merged[c.number] for c in top if merged[c.number].feasible]
     if (baseline is not None and baseline.number in merged and baseline.feasible
             and merged[baseline.number].feasible and baseline.number not in {r.number for r in pool}):

@@ -60,7 +60,8 @@ def broken_text(violations: dict[str, float], metrics: dict[str, float]) -> str:
 class TrialAttrs:
     """What autotune keeps in a trial's Optuna user attributes (None or empty when absent).
 
-    ``status``/``reason``/``metrics``/``node``/``duration_s``: the trial's result;
+    ``status``/``reason``/``metrics``/``node``/``duration_s``/``times_s``: the trial's result
+    (``times_s``: its phases, load, workload and quality, in s);
     ``params``: its decoded parameters; ``kind``: launched, rejected, duplicate or
     interrupted; ``prediction``: the engine's pre-launch estimate (``need_gb``,
     ``have_gb``, ``decode_tps_upper``); ``role`` (baseline, enqueued, design, rerun),
@@ -74,10 +75,12 @@ class TrialAttrs:
     kind: str | None = None
     node: str = ""
     duration_s: float = 0.0
+    times_s: dict[str, float] = field(default_factory=dict)  # phases: load, workload, quality
     prediction: dict[str, Any] | None = None
     role: str | None = None
     rerun_of: int | None = None
     duplicate_of: int | None = None
+    quality_from: int | None = None  # the trial whose quality numbers it reused (quality.reuse)
 
 
 def trial_attrs(t: optuna.trial.FrozenTrial) -> TrialAttrs:
@@ -85,5 +88,7 @@ def trial_attrs(t: optuna.trial.FrozenTrial) -> TrialAttrs:
     u = t.user_attrs
     return TrialAttrs(status=u.get("status"), reason=u.get("reason", ""), metrics=u.get("metrics", {}),
                       params=u.get("params"), kind=u.get("kind"), node=str(u.get("node", "")),
-                      duration_s=float(u.get("duration_s") or 0.0), prediction=u.get("prediction"),
-                      role=u.get("role"), rerun_of=u.get("rerun_of"), duplicate_of=u.get("duplicate_of"))
+                      duration_s=float(u.get("duration_s") or 0.0), times_s=u.get("times_s") or {},
+                      prediction=u.get("prediction"),
+                      role=u.get("role"), rerun_of=u.get("rerun_of"), duplicate_of=u.get("duplicate_of"),
+                      quality_from=u.get("quality_from"))

@@ -76,7 +76,9 @@ def run_trial(spec: TrialSpec, pass_fds: tuple[int, ...] | list[int] = ()) -> Tr
                 spec.number, "failed", reason=f"unreadable result.json: {e}",
                 log_tail=tail(log_path), duration_s=duration, node=node,
             )
-        return result.replace(duration_s=duration, node=node, log_tail=result.log_tail or tail(log_path))
+        result = result.replace(duration_s=duration, node=node, log_tail=result.log_tail or tail(log_path))
+        write_atomic(result_path, result.to_json())  # the worker could not know its own duration
+        return result
     reason = f"worker exited with code {rc}" + (
         f" (signal {signal.Signals(-rc).name})" if rc is not None and rc < 0 else ""
     )

@@ -65,8 +65,9 @@ class TrialResult:
     reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
     log_tail: str = ""
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # the whole trial, process start to exit (set by the runner)
     node: str = ""
+    times_s: dict[str, float] = field(default_factory=dict)  # phases: load, workload, quality
 
     @property
     def ok(self) -> bool:

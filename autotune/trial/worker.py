@@ -42,35 +42,43 @@ def execute(spec: TrialSpec) -> TrialResult:
     """Start the engine, measure speed, memory and quality, stop it; never raises."""
     cls = get_engine_class(spec.engine)
     engine = cls(spec.settings, spec.variants, spec.params, Path(spec.workdir))
+    times: dict[str, float] = {}  # the phases done, in s (a failed trial keeps those it finished)
     try:
         refused = cls.check(spec.params, spec.settings)  # the contract: never start what check refuses
         if refused:
             raise InfeasibleConfig("; ".join(refused))
-        t0 = time.perf_counter()
+        t = time.perf_counter()
         engine.start()
-        load_s = time.perf_counter() - t0
+        times["load"] = load_s = time.perf_counter() - t
+        t = time.perf_counter()
         if spec.mode == "reference":
             tokens, logits = engine.logprobs(load_text(spec.quality.text), spec.quality.n_tokens)
             meta = save_reference(Path(spec.quality.reference_dir), tokens, logits)
-            return TrialResult(spec.number, "ok", {"ppl": meta["ppl"]}, info=engine.info)
+            times["quality"] = time.perf_counter() - t
+            return TrialResult(spec.number, "ok", {"ppl": meta["ppl"]}, info=engine.info, times_s=times)
         counters, no_energy = find_counters()
         with EnergyMeter(counters) as meter:
             metrics, raw = engine.measure(spec.workload)
         wl = spec.workload
         energy = energy_metrics(meter, measured_tokens(raw, wl.warmup * wl.max_tokens))
         metrics = {"load_s": load_s, **metrics, **engine.memory(), **energy}
+        times["workload"] = time.perf_counter() - t
         if spec.quality.enabled:
+            t = time.perf_counter()
             metrics |= engine.quality(spec.quality)
+            times["quality"] = time.perf_counter() - t
         return TrialResult(spec.number, "ok", metrics, info={
             **engine.info, "samples": raw, "energy": meter.describe() if energy else no_energy
-            or "no output tokens counted"})
+            or "no output tokens counted"}, times_s=times)
     except InfeasibleConfig as e:
-        return TrialResult(spec.number, "infeasible", reason=str(e), info=engine.info)
+        return TrialResult(spec.number, "infeasible", reason=str(e), info=engine.info, times_s=times)
     except MemoryError:
-        return TrialResult(spec.number, "failed", reason="out of memory (MemoryError)", info=engine.info)
+        return TrialResult(spec.number, "failed", reason="out of memory (MemoryError)", info=engine.info,
+                           times_s=times)
     except Exception as e:  # noqa: BLE001 - every failure becomes a result with its reason
         traceback.print_exc()
-        return TrialResult(spec.number, "failed", reason=f"{type(e).__name__}: {e}", info=engine.info)
+        return TrialResult(spec.number, "failed", reason=f"{type(e).__name__}: {e}", info=engine.info,
+                           times_s=times)
     finally:
         try:
             engine.stop()

@@ -3,7 +3,7 @@
 ``_legacy_render_summary`` and ``_legacy_verdict_html`` are frozen copies of
 ``autotune.output.report.render_summary`` and ``autotune.output.report_html.verdict_html`` as
 they were before issue 19 made them read records (they read about 55 string keys of the
-dict); each summary below is rendered by both and the text must be identical. The slow test
+dict), plus issue 43's "search overhead" line; each summary below is rendered by both and the text must be identical. The slow test
 runs a real study (real driver, Optuna, Ray and trial subprocesses, fake engine) and checks
 the same on its files, and that ``summary.json`` read back and written again is the same bytes.
 """
@@ -61,6 +61,8 @@ def _legacy_render_summary(console, s, sel, files):
         f"[bold]{s['n_trials']} trials[/bold]: {s['n_feasible']} feasible, {s['n_infeasible']} infeasible, "
         f"{s['n_failed']} failed; {s['elapsed_s']:.0f} s"
     )
+    if s.get("overhead_s") is not None:  # added by issue 43 (the driver's own time)
+        console.print(f"search overhead {s['overhead_s']:.0f} s of {s['elapsed_s']:.0f} s")
     if s.get("n_rejected") or s.get("n_duplicates"):
         console.print(f"{s.get('n_rejected', 0)} proposals refused before launch, "
                       f"{s.get('n_duplicates', 0)} repeats reused (not counted)")

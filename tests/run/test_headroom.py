@@ -125,6 +125,7 @@ def test_the_re_measured_winner_has_the_share_of_its_re_measured_speed():
     from autotune.run.remeasure import _merge
 
     rec = Record(3, {}, {"decode_tps": 40.0, "roofline_tps": 80.0, "roofline_pct": 50.0}, "ok", True)
-    merged = _merge(rec, [{"decode_tps": 20.0}, {"decode_tps": 24.0}], SimpleNamespace(constraints=[]))
+    merged = _merge(rec, [{"decode_tps": 20.0}, {"decode_tps": 24.0}], [{}, {}],
+                    SimpleNamespace(constraints=[]))
     assert merged.metrics["decode_tps"] == 22.0
     assert merged.metrics["roofline_pct"] == pytest.approx(100 * 22.0 / 80.0)

@@ -5,13 +5,21 @@ in-process), and which trials count as such (a table)."""
 from __future__ import annotations
 
 import html
+import io
 import json
 
 import pytest
 from autotune.objectives.goals import Constraint
+from rich.console import Console
 
+from autotune.config.compose import compose
+from autotune.config.schema import load_config
+from autotune.output.report import Reporter
+from autotune.run.remeasure import REMEASURE_BASE
+from autotune.run.remeasure import choose_winner
 from autotune.run.remeasure import tail_spikes
 from autotune.search.trials import Record
+from autotune.trial.spec import TrialResult
 from tests.conftest import ROOT
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here
@@ -126,3 +134,44 @@ def test_a_candidate_that_breaks_a_constraint_when_re_measured_is_dropped_and_th
     assert f"candidate #5 was dropped after its re-measurement: {dropped['5']}" in text
     page = (study / "report" / "report.html").read_text()
     assert "<th>dropped: its re-measured numbers</th>" in page and html.escape(dropped["5"]) in page
+
+
+# The default study's re-measurement of 2026-11: three runs of five requests each. The runs'
+# values (each run's median) rank #7 first (median of runs 64.23 vs 63.40); the 15 pooled
+# samples, which the table, the CI and "within noise" use, put #13 ahead (65.01 vs 62.54).
+RUNS = {
+    7: [[60.0, 61.0, 64.98, 70.0, 71.0], [59.0, 59.5, 60.13, 62.54, 63.0], [58.0, 58.5, 64.23, 64.5, 65.0]],
+    13: [[64.0, 67.0, 67.67, 68.0, 69.0], [58.0, 59.0, 59.89, 65.01, 66.0], [61.0, 62.0, 63.40, 65.5, 66.5]],
+    0: [[46.0, 47.0, 47.5, 48.0, 49.0]] * 3,
+}
+
+
+class ReplayLauncher:
+    """A fake launcher (the trial processes cannot be made to measure given numbers): it
+    returns the recorded runs above, one per call, as a real re-measurement run reports them
+    (each run's ``decode_tps`` is the median of its requests, its samples in ``info``)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, int] = {}
+
+    def run_now(self, number: int, params: dict, quality: bool = True, tag: str = "") -> TrialResult:
+        trial = (number - REMEASURE_BASE) // 100
+        rep = self.calls.get(trial, 0)
+        self.calls[trial] = rep + 1
+        samples = RUNS[trial][rep]
+        return TrialResult(number, "ok", {"decode_tps": sorted(samples)[2], "ttft_p95_ms": 100.0},
+                           info={"samples": {"decode_tps": samples}})
+
+
+def test_the_winner_is_ranked_on_the_pooled_median_the_table_shows():
+    """Issue 43: the verdict crowned #7 while the table beside it showed #13 faster."""
+    cfg = load_config(compose(["conf=local_cpu", "select.top_k=2", "select.rerun_repeats=3"]))
+    recs = [Record(n, {"n": n}, {"decode_tps": v, "ttft_p95_ms": 100.0, "ppl_delta_pct": 0.0})
+            for n, v in ((7, 66.0), (13, 65.0), (0, 47.0))]
+    out = io.StringIO()
+    verdict = choose_winner(cfg, ReplayLauncher(), Reporter(cfg, Console(file=out)), recs[:2], recs[2])
+    table = verdict.remeasured["by_trial"]
+    assert table[7]["median"] == 62.54 and table[13]["median"] == 65.01, table
+    assert verdict.winner.number == 13 and verdict.runner_up == 7
+    assert verdict.winner.metrics["decode_tps"] == table[13]["median"]  # what the summary's table shows
+    assert verdict.speedup == pytest.approx(65.01 / 47.5)

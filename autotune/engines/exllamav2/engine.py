@@ -96,6 +96,9 @@ class ExLlamaV2Engine(Engine):
     context_knob = "max_seq_len"
     cuda_kernels = EXLLAMAV2  # built in the pre-flight, outside any trial
     settings_schema = ExLlamaV2Settings
+    # logprobs() runs the variant through the trial's cache (its mode, and its length, which
+    # cuts the quality text), skipping the layers the threshold skips; the draft model is not used
+    quality_knobs = ("model", "cache_mode", "layer_skip_threshold", "max_seq_len", "cache_size")
     knobs = {
         "model": Knob("str", doc="EXL2 variant (engine.variants: path + bpw)"),
         "max_seq_len": Knob("int", low=256, high=1 << 20, spelling="config.max_seq_len / max_seq_len"),

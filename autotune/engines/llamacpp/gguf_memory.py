@@ -132,16 +132,34 @@ class ArrayLen(int):
     """The length of a GGUF array whose contents were skipped."""
 
 
-def gguf_shape(model_path: str | Path) -> dict:
-    """Architecture numbers the estimate needs, read from a GGUF header (once per file
-    version: a pre-launch prediction over thousands of configurations reads it once)."""
+def _version(model_path: str | Path) -> tuple[str, int, int]:
+    """A file version: its path as given, size and modification time (ns); one ``stat``
+    (``Path.resolve`` cost more than the rest of a prediction)."""
     st = os.stat(model_path)
-    return dict(_gguf_shape(str(Path(model_path).resolve()), st.st_mtime_ns, st.st_size))
+    return os.fspath(model_path), st.st_size, st.st_mtime_ns
+
+
+def gguf_metadata(model_path: str | Path) -> dict:
+    """:func:`read_gguf_metadata`, read once per file version (path, size, mtime): the pool
+    of a search predicts thousands of configurations from one header (gemma-3's holds a
+    262k-entry vocabulary, ~20 ms a read)."""
+    return dict(_gguf_metadata(*_version(model_path)))
 
 
 @functools.lru_cache(maxsize=64)
-def _gguf_shape(model_path: str, _mtime_ns: int, _size: int) -> dict:
-    meta = read_gguf_metadata(model_path)
+def _gguf_metadata(model_path: str, _size: int, _mtime_ns: int) -> dict:
+    return read_gguf_metadata(model_path)
+
+
+def gguf_shape(model_path: str | Path) -> dict:
+    """Architecture numbers the estimate needs, read from a GGUF header (once per file
+    version: a pre-launch prediction over thousands of configurations reads it once)."""
+    return dict(_gguf_shape(*_version(model_path)))
+
+
+@functools.lru_cache(maxsize=64)
+def _gguf_shape(model_path: str, _size: int, _mtime_ns: int) -> dict:
+    meta = _gguf_metadata(model_path, _size, _mtime_ns)
     arch = meta.get("general.architecture")
     if not arch:
         raise ValueError(f"{model_path}: no general.architecture in the GGUF metadata")
@@ -210,9 +228,17 @@ def estimate_llamacpp_mb(
         the figure reported as ``mem_estimate_mb``), ``compute_reserved_mb`` (address
         space reserved, mostly not resident) and the architecture numbers used.
     """
-    shape = gguf_shape(model_path)
-    n_ctx = int(n_ctx) or shape["n_ctx_train"]
-    weights = os.path.getsize(model_path) / MIB
+    return dict(_estimate(*_version(model_path), int(n_ctx), type_k, type_v, n_ubatch, logits_all))
+
+
+@functools.lru_cache(maxsize=4096)
+def _estimate(model_path: str, size: int, mtime_ns: int, n_ctx: int, type_k: str, type_v: str,
+              n_ubatch: int, logits_all: bool) -> dict:
+    """:func:`estimate_llamacpp_mb` of one file version (a pool predicts thousands of
+    configurations that differ only in knobs the estimate does not read)."""
+    shape = dict(_gguf_shape(model_path, size, mtime_ns))
+    n_ctx = n_ctx or shape["n_ctx_train"]
+    weights = size / MIB
     active = weights
     if shape["expert_count"] and shape["expert_used_count"] and shape["expert_bytes"]:
         idle = 1 - min(shape["expert_used_count"], shape["expert_count"]) / shape["expert_count"]

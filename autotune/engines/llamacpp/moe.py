@@ -21,11 +21,11 @@ The rules are llama.cpp's (src/llama-model.cpp, common/common.h of the vendored 
 from __future__ import annotations
 
 import functools
-import os
 import re
 from pathlib import Path
 
-from autotune.engines.llamacpp.gguf_memory import read_gguf_metadata
+from autotune.engines.llamacpp.gguf_memory import _gguf_metadata
+from autotune.engines.llamacpp.gguf_memory import _version
 from autotune.engines.llamacpp.gguf_memory import read_gguf_tensors
 
 EXPS = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
@@ -42,13 +42,12 @@ def layer_table(model_path: str | Path) -> dict:
     it), ``n_expert``, ``n_expert_used`` and
     ``moe`` (whether any layer has experts).
     """
-    st = os.stat(model_path)
-    return _layer_table(str(Path(model_path).resolve()), st.st_mtime_ns, st.st_size)
+    return _layer_table(*_version(model_path))
 
 
 @functools.lru_cache(maxsize=16)
-def _layer_table(path: str, _mtime_ns: int, _size: int) -> dict:
-    meta = read_gguf_metadata(path)
+def _layer_table(path: str, size: int, mtime_ns: int) -> dict:
+    meta = _gguf_metadata(path, size, mtime_ns)
     arch = meta.get("general.architecture", "")
     n_layers = int(meta.get(f"{arch}.block_count", 0))
     dense, experts, up_down = [0] * n_layers, [0] * n_layers, [0] * n_layers

@@ -50,9 +50,9 @@ def gguf_file(name: str, variants: dict) -> tuple[Path | None, float]:
     made = quantized_file(base, v["recipe"])
     if made.exists():
         return made, 1.0
-    from autotune.engines.llamacpp.gguf_memory import read_gguf_metadata
+    from autotune.engines.llamacpp.gguf_memory import gguf_metadata
 
-    base_ft = int(read_gguf_metadata(base).get("general.file_type", 15))
+    base_ft = int(gguf_metadata(base).get("general.file_type", 15))
     want = FTYPE_BPW.get(QUANT_TYPES[v["recipe"]["ftype"]][0], 4.85)
     return base, want / FTYPE_BPW.get(base_ft, 4.85)
 
