@@ -29,8 +29,6 @@ from autotune.engines import spill
 from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
 from autotune.measure.quality import reference_ready
-from autotune.objectives import get_metric
-from autotune.output import export
 from autotune.record import storage
 from autotune.record import study as studylib
 from autotune.record.resume import FORKED_ATTR
@@ -38,17 +36,13 @@ from autotune.record.resume import PARTS_ATTR
 from autotune.record.resume import config_parts
 from autotune.record.summary import StudySummary
 from autotune.record.summary import Verdict
-from autotune.record.summary import prediction_error
 from autotune.record.tracking import PARENT_ATTR
+from autotune.run import finish as finishing
 from autotune.run import stop
 from autotune.run.clock import Clock
-from autotune.run.headroom import energy_note
-from autotune.run.headroom import winner_headroom
 from autotune.run.headroom import with_roofline
 from autotune.run.launcher import Launcher
 from autotune.run.quality_memo import QualityMemo
-from autotune.run.remeasure import choose_winner
-from autotune.run.remeasure import tail_spikes
 from autotune.search import trials as trialslib
 from autotune.search.design import FAST_PART
 from autotune.search.design import NO_PRIOR_STARTUP
@@ -62,8 +56,6 @@ from autotune.search.pool import uses_order
 from autotune.search.samplers import make_sampler
 from autotune.search.samplers import resolve
 from autotune.search.samplers import uses_design
-from autotune.search.select import pareto_front
-from autotune.search.select import rank
 from autotune.search.space import baseline_params
 from autotune.trial.spec import TrialResult
 
@@ -373,85 +365,13 @@ class Driver:
             studylib.tell_fail(study, p.trial, p.params, trialslib.INTERRUPTED, "interrupted")
         self.pending = {}
 
-    # ---- end of study --------------------------------------------------------------
-    def _baseline(self, recs: list[Record]) -> Record | None:
-        """Trial 0's measurement (or that of its re-run after a stop)."""
-        first = next((r for r in recs if r.number == 0), None)
-        if first is None:
-            return None
-        key = config_key(first.params)
-        return next((r for r in recs if r.kind == trialslib.LAUNCHED and config_key(r.params) == key), None)
-
-    def candidates(self, recs: list[Record]) -> tuple[list[Record], list[Record]]:
-        """The records the winner is chosen among, and the measured-feasible Pareto front. The
-        winner is the best feasible by the selection rule: any measured trial for ``max`` in
-        single mode, the Pareto front otherwise (knee/weighted are front notions)."""
-        measured = [r for r in recs if r.kind == trialslib.LAUNCHED]
-        front = pareto_front(measured, [o.metric for o in self.cfg.objectives])
-        single_max = self.cfg.study.search == "single" and self.cfg.select.rule == "max"
-        return ([r for r in measured if r.feasible] if single_max else front), front
-
+    # ---- end of study: autotune.run.finish --------------------------------------------
     def choose_winner(self, recs: list[Record]) -> Verdict:
-        """The winner among :meth:`candidates`, re-measured side by side with the baseline (what
+        """The winner among the candidates, re-measured side by side with the baseline (what
         :meth:`finish` does, for a caller without the rest of it: bench/surfaces/fast.py)."""
-        return choose_winner(self.cfg, self.launcher, self.report, self.candidates(recs)[0], self._baseline(recs),
-                             self._suspects(recs))
-
-    def _suspects(self, recs: list[Record]) -> list[Record]:
-        """Measured trials that broke only a tail-latency bound by one slow request
-        (:func:`autotune.run.remeasure.tail_spikes`): re-measured when they would rank high."""
-        return tail_spikes([r for r in recs if r.kind == trialslib.LAUNCHED], self.cfg.constraints)
+        return finishing.remeasure(self.cfg, self.launcher, self.report, recs)
 
     def finish(self, study: optuna.Study, interrupted: bool, elapsed: float) -> StudySummary:
-        cfg = self.cfg
-        sel = cfg.select
-        recs = studylib.records(study)
-        measured = [r for r in recs if r.kind == trialslib.LAUNCHED]
-        objectives = [o.metric for o in cfg.objectives]
-        candidates, front = self.candidates(recs)
-        baseline = self._baseline(recs)
-        verdict = Verdict()
-        try:
-            if not interrupted:
-                verdict = choose_winner(cfg, self.launcher, self.report, candidates, baseline, self._suspects(recs))
-        except KeyboardInterrupt as e:  # a stop during the re-measurement: export the search's winner
-            interrupted, self.stopped = True, e
-            self.placement.stop_all([])  # the re-measurement's trial in flight, on our own Ray
-            self.report.warn(f"interrupted ({stop.name(e)}) while re-measuring: exporting the search's winner")
-        ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
-        winner = verdict.winner or (ranked[0] if ranked else None)
-        baseline = verdict.baseline_remeasured or baseline
-        speedup, source = verdict.speedup, verdict.speedup_source
-        if winner and baseline and speedup is None:
-            speedup = get_metric(sel.metric).speedup(winner.metrics.get(sel.metric),
-                                                     baseline.metrics.get(sel.metric))
-            source = "search" if speedup is not None else source
-        attrs = {t.number: trialslib.trial_attrs(t) for t in study.get_trials(deepcopy=False)}
-        summary = StudySummary(
-            study=cfg.study.name, engine=cfg.engine.kind, interrupted=interrupted, search=cfg.study.search,
-            n_trials=len(measured), n_rejected=sum(r.kind == trialslib.REJECTED for r in recs),
-            n_duplicates=sum(r.kind == trialslib.DUPLICATE for r in recs),
-            n_feasible=sum(r.feasible for r in measured),
-            n_failed=sum(r.status in ("failed", "timeout") for r in measured),
-            n_infeasible=sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in measured),
-            elapsed_s=round(elapsed, 1), overhead_s=round(self.clock.overhead_s(), 1),
-            objectives=objectives, constraints=[str(c) for c in cfg.constraints],
-            workload=cfg.workload.to_dict(), baseline=baseline, winner=winner, pareto=[r.number for r in front],
-            winner_metrics=winner.metrics if winner else {},
-            warnings=self.space.engine.export_warnings(winner.params, cfg.engine.settings) if winner else [],
-            remeasured=verdict.remeasured, lead_within_noise=verdict.lead_within_noise,
-            runner_up=verdict.runner_up, speedup=speedup, speedup_source=source,
-            speedup_within_noise=verdict.speedup_within_noise, note=verdict.note, stop_reason=self.stop_reason,
-            headroom=winner_headroom(cfg.engine.kind, winner, attrs[winner.number].prediction
-                                     if winner and winner.number in attrs else None,
-                                     energy_note(self.launcher.workdir(winner.number)) if winner else ""),
-            prediction=prediction_error([(attrs[r.number].prediction, r.metrics)
-                                         for r in measured if r.status == "ok"
-                                         and attrs[r.number].prediction is not None]),
-        )
-        files = export.write_all(self.dir, cfg, self.space, front, winner, summary)
-        storage.backup(cfg.storage_url)
-        if self.tracker:
-            self.tracker.finish(summary, files, "KILLED" if interrupted else "FINISHED")
-        self.report.summary(summary, files)
+        """Re-measure, summarise, export, tell MLflow and print (:func:`autotune.run.finish.finish`)."""
+        summary, self.stopped = finishing.finish(self, study, interrupted, elapsed)
         return summary

@@ -16,6 +16,7 @@ exports and the summary.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import sys
 import tempfile
@@ -84,10 +85,14 @@ class SimPlacement:
 
 
 class Quiet:
-    """A reporter that prints nothing (the driver's report.started/finished/note/warn)."""
+    """A reporter that prints nothing (the driver's report.started/finished/note/warn, and its
+    slow_step context)."""
 
     def __getattr__(self, name: str) -> Any:
         return lambda *args, **kwargs: None
+
+    def slow_step(self, what: str, after_s: float = 0.0) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
 
 
 def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict], float, dict]:
