@@ -171,25 +171,9 @@ class LlamaCppEngine(Engine):
     @classmethod
     def server_argv(cls, params: dict, settings: dict, variants: dict, model_path: str) -> list[str]:
         """The equivalent ``llama-server`` argv (newest flag spellings, ENGINE_KNOBS §4.3)."""
-        p = cls.full_params(params, settings, variants)
-        argv = [
-            "llama-server", "-m", model_path, "-t", str(p["n_threads"]), "-tb", str(p["n_threads_batch"]),
-            "-c", str(p["n_ctx"]), "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]),
-            "-fa", "on" if p["flash_attn"] else "off", "-ctk", p["type_k"], "-ctv", p["type_v"],
-            "-ngl", str(p["n_gpu_layers"]),
-        ]
-        if p["n_gpu_layers"]:
-            argv += ["-sm", p["split_mode"], "-mg", str(p["main_gpu"])]
-            if p.get("tensor_split"):
-                argv += ["-ts", ",".join(str(x) for x in p["tensor_split"])]
-        # llama.cpp of llama-cpp-python 0.3.36 replaced --no-mmap / --mlock with --load-mode
-        mode = {(True, False): None, (False, False): "none", (True, True): "mmap+mlock",
-                (False, True): "mlock"}[(bool(p["use_mmap"]), bool(p["use_mlock"]))]
-        if mode:
-            argv += ["-lm", mode]
-        if p["draft"] == "prompt_lookup":
-            argv += ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(p["draft_k"])]
-        return argv + ["--host", "127.0.0.1", "--port", str(settings.get("port", 8080))]
+        from autotune.engines.llamacpp.export import server_argv
+
+        return server_argv(cls.full_params(params, settings, variants), model_path, settings.get("port", 8080))
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
@@ -210,7 +194,7 @@ class LlamaCppEngine(Engine):
     @classmethod
     def check_export(cls, files: list[Path]) -> list[str]:
         """llama-server.sh's flags and model, llama_cpp_kwargs.json's model_path."""
-        from autotune.engines.llamacpp.export_check import check_llama_files
+        from autotune.engines.llamacpp.export import check_llama_files
 
         return check_llama_files(files)
 

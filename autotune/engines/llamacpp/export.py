@@ -1,4 +1,5 @@
-"""The check of llama.cpp's exported files (``Engine.check_export`` of ``llamacpp``).
+"""llama.cpp's exported form: the equivalent ``llama-server`` command (:func:`server_argv`), and
+the check of the exported files (``Engine.check_export`` of ``llamacpp``).
 
 - ``llama-server.sh``: its command line against the flags of the llama-server that the
   installed llama-cpp-python ships (:mod:`autotune.engines.llamacpp.server_flags`), and the
@@ -49,3 +50,26 @@ def check_llama_files(files: list[Path]) -> list[str]:
         elif f.name == "llama_cpp_kwargs.json":
             notes += check_kwargs_json(f)
     return notes
+
+
+def server_argv(p: dict, model_path: str, port: int = 8080) -> list[str]:
+    """The ``llama-server`` argv equivalent to the full parameters ``p`` of a llamacpp trial
+    (newest flag spellings, ENGINE_KNOBS §4.3)."""
+    argv = [
+        "llama-server", "-m", model_path, "-t", str(p["n_threads"]), "-tb", str(p["n_threads_batch"]),
+        "-c", str(p["n_ctx"]), "-b", str(p["n_batch"]), "-ub", str(p["n_ubatch"]),
+        "-fa", "on" if p["flash_attn"] else "off", "-ctk", p["type_k"], "-ctv", p["type_v"],
+        "-ngl", str(p["n_gpu_layers"]),
+    ]
+    if p["n_gpu_layers"]:
+        argv += ["-sm", p["split_mode"], "-mg", str(p["main_gpu"])]
+        if p.get("tensor_split"):
+            argv += ["-ts", ",".join(str(x) for x in p["tensor_split"])]
+    # llama.cpp of llama-cpp-python 0.3.36 replaced --no-mmap / --mlock with --load-mode
+    mode = {(True, False): None, (False, False): "none", (True, True): "mmap+mlock",
+            (False, True): "mlock"}[(bool(p["use_mmap"]), bool(p["use_mlock"]))]
+    if mode:
+        argv += ["-lm", mode]
+    if p["draft"] == "prompt_lookup":
+        argv += ["--spec-type", "ngram-simple", "--spec-draft-n-max", str(p["draft_k"])]
+    return argv + ["--host", "127.0.0.1", "--port", str(port)]
