@@ -115,6 +115,8 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "norefine": {"bo": {"REFINE": 0}},  # a sampled pool does not grow near the best measured
     "refine1": {"bo": {"REFINE": 1}},
     "refine4": {"bo": {"REFINE": 4}},
+    "nocover": {"design": {"COVER": False}},  # issue 41: the design without the level coverage
+    "cover4": {"design": {"COVER_MAX": 4}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
