@@ -117,6 +117,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "refine4": {"bo": {"REFINE": 4}},
     "nocover": {"design": {"COVER": False}},  # issue 41: the design without the level coverage
     "cover4": {"design": {"COVER_MAX": 4}},
+    "coverspread": {"design": {"COVER_NEAR": False}},  # covering points spread (maximin), not near trial 0
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -394,9 +395,15 @@ def merge(files: list[Path], results: Path, cmd: str) -> int:
     for f in files:
         for run in load_runs(f):
             runs[(run.surface, run.mode, run.method, run.seed, run.via)] = run
+    tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
+    if all(instances.split_of(r.seed) for r in runs.values()):  # family instances: their own table
+        rows = instances.family_rows(sorted(runs.values(), key=lambda r: (FAMILIES.index(r.surface), r.mode)))
+        text = instances.family_table(rows, {})
+        print(text + tail, end="")
+        write_results(results, text + tail, rows, list(runs.values()), 0.0, cmd)
+        return 0
     truths = {s: load(s) for s in dict.fromkeys(k[0] for k in runs)}
     text = table(group(list(runs.values()), truths), truths, list(runs.values()))
-    tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
     print(tail, end="")
     write_results(results, text + tail, group(list(runs.values()), truths), list(runs.values()), 0.0, cmd)
     return 0

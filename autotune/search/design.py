@@ -7,6 +7,9 @@ design is picked greedily to be as far as possible from what is already queued (
 ``study.enqueue``, which count towards ``study.n_startup``) and from each other (maximin),
 skipping points the engine predicts will not fit. When the engine predicts a decode-speed
 upper bound for every point, and the bounds differ, the design runs fastest-predicted first.
+Before that spread, the design shows every level of each unordered, non-numeric categorical
+knob and both branches of each conditional knob at least once (:func:`covering`, issue 41),
+so the model never starts blind to a whole branch of the space.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ NO_PRIOR_STARTUP = 4
 # COVER = False turns it off (bench/efficiency.py --variant nocover).
 COVER = True
 COVER_MAX = 8
+COVER_NEAR = True  # without a prior: the holder nearest trial 0 (False: farthest from all queued)
 _ON, _OFF = "<active>", "<inactive>"
 
 
@@ -202,9 +206,13 @@ def covering(space: Space, pool: list[dict[str, Any]], queued: list[dict[str, An
             missing.pop(0)
             continue
 
-        def rank(c: dict[str, Any]) -> tuple[int, float]:
-            plausible = (bound.get(config_key(c)) or 0.0) if bound else \
-                -(distance(space, c, anchor) if anchor is not None else 0.0)
+        def rank(c: dict[str, Any], missing: list[tuple[str, Any]] = missing) -> tuple[int, float]:
+            if bound:
+                plausible = bound.get(config_key(c)) or 0.0
+            elif COVER_NEAR:
+                plausible = -(distance(space, c, anchor) if anchor is not None else 0.0)
+            else:
+                plausible = min((distance(space, c, q) for q in [*queued, *chosen]), default=0.0)
             return sum(shows(c, t) for t in missing), plausible
 
         pick = max(holders, key=rank)
@@ -217,7 +225,8 @@ def covering(space: Space, pool: list[dict[str, Any]], queued: list[dict[str, An
 def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str, Any]],
                    screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
                    fast_part: float = 1.0) -> list[dict[str, Any]]:
-    """Up to ``n`` valid, distinct, spread-out configurations, none equal to one in ``queued``.
+    """Up to ``n`` valid, distinct, spread-out configurations, none equal to one in ``queued``,
+    after the :func:`covering` ones (more than ``n`` when the levels to show need more).
 
     ``screen(params)`` returns (may run, predicted decode tok/s upper bound or None). When the
     bound is known for every point, ``fast_part`` of the design is picked among the fastest-
