@@ -247,6 +247,8 @@ def _job(job: tuple[str, str, str, int], trials: int, fast: bool, out: Path, fam
         if (name, seed) not in _TRUTHS:
             _TRUTHS[(name, seed)] = load(name, seed, launchable=False)
         truth = _TRUTHS[(name, seed)]
+        if truth.optimum <= 0:  # a drawn instance where nothing is feasible: no score, left out
+            return Run(name, method, seed, 0, 0.0, (), None, "no feasible configuration", mode, "fast")
     else:
         truth = _TRUTHS[name]
     return run_fast(truth, method, mode, seed, trials) if fast else run_study(truth, method, mode, seed, trials, out)
@@ -519,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(truths[s], m, mode, seed) for seed in range(args.first_seed, args.first_seed + args.seeds)
             for s in surfaces for mode in modes for m in methods]
     stream = Path(args.stream) if args.stream else None
+    if stream and stream.exists():  # resume: the studies already streamed are kept, not re-run
+        done = {(r.surface, r.mode, r.method.split(":")[0], r.seed) for r in load_runs(stream)}
+        jobs = [j for j in jobs if (j[0].name, j[2], j[1], j[3]) not in done]
 
     t0 = time.monotonic()
     if args.rescore:

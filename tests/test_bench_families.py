@@ -103,3 +103,21 @@ def test_family_smoke_mode_tables_every_family():
     for name in families.FAMILIES:
         assert f"{name} (3 instances)" in out.stdout
     assert "worst10%@20" in out.stdout
+
+
+def test_family_rows_score_each_family_and_leave_out_unscored_instances(tmp_path):
+    import efficiency
+    import instances
+
+    def run(seed, last, method="default"):
+        return efficiency.Run("moe_30b", method, seed, 0, 0.0, (0.5,) * 19 + (last,), None, mode="none", via="fast")
+
+    runs = [run(5000 + i, v) for i, v in enumerate([0.99, 0.96, 0.9, 0.97, 0.2, 0.99, 0.98, 0.97, 0.99, 0.96])]
+    runs.append(efficiency.Run("moe_30b", "default", 5010, 0, 0.0, (), None, "no feasible configuration", "none", "fast"))
+    (row,) = instances.family_rows(runs)
+    assert (row["set"], row["n"], row["hits"]) == ("i-held", 10, 8)
+    assert row["worst10"] == 0.2 and row["median"] == pytest.approx(0.97) and row["trials95"] == 20
+    path = tmp_path / "runs.jsonl"
+    path.write_text("".join(__import__("json").dumps(__import__("dataclasses").asdict(r)) + "\n" for r in runs))
+    assert efficiency.main(["--merge", str(path), "--results", str(tmp_path / "out")]) == 0
+    assert "8/10 80%" in (tmp_path / "out.txt").read_text()
