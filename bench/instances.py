@@ -39,12 +39,21 @@ def decile(values: list[float]) -> float:
     return ranked[max(0, math.ceil(0.1 * len(ranked)) - 1)]
 
 
+MODE_ORDER = {"none": 0, "physics": 1, "misleading": 2}
+METHOD_ORDER = {"default": 0, "default:nocover": 1, "tpe": 2, "gp": 3, "random": 4}
+
+
 def family_rows(runs: list) -> list[dict]:
-    """One row per family x split x mode x method (``runs``: efficiency.Run of instance studies)."""
+    """One row per family x split x mode x method (``runs``: efficiency.Run of instance studies),
+    in the order the runs name the families."""
     keys = list(dict.fromkeys((r.surface, r.set, r.mode, r.method) for r in runs))
+    order = {f: i for i, f in enumerate(dict.fromkeys(r.surface for r in runs))}
+    keys.sort(key=lambda k: (order[k[0]], k[1], MODE_ORDER.get(k[2], 9), METHOD_ORDER.get(k[3], 9), k[3]))
     rows = []
     for key in keys:
         ok = [r for r in runs if (r.surface, r.set, r.mode, r.method) == key and r.curve]
+        if not ok:  # only instances where nothing is feasible: nothing to score
+            continue
         hits = sum(r.trials_to(0.95) <= TRIALS_AT for r in ok)
         at = [r.at(TRIALS_AT) for r in ok]
         rows.append({"family": key[0], "set": key[1], "mode": key[2], "method": key[3], "n": len(ok),
