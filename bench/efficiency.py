@@ -35,6 +35,13 @@ autotune's own re-measurement defaults (bench/results/exported.txt).
     python bench/efficiency.py --surfaces vllm_h100 --methods default,random --modes none \
         --first-seed 100 --seeds 2 --jobs 1                                    # real CLI
     python bench/efficiency.py --smoke                 # seconds: in-process random on the truths
+    python bench/efficiency.py --fast --families all --split tune --seeds 10 --modes none \
+        --methods default,random,tpe,gp --jobs 1     # issue 41: instances of the surface families
+    python bench/efficiency.py --smoke --families all  # the families' truths in smoke size
+
+``--families`` (bench/instances.py): each surface, and the MoE one, as a family of instances
+(bench/surfaces/families.py), instance seeds of ``--split tune`` (1000-) or ``report``
+(5000-, held out); a table per family with the worst decile's best@20.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench" / "surfaces"))
 sys.path.insert(0, str(ROOT))
 
+import instances  # noqa: E402
 from stats import _median  # noqa: E402
 from stats import _n  # noqa: E402
 from stats import _quartiles  # noqa: E402, F401 (tests use efficiency._quartiles)
@@ -71,6 +79,7 @@ from truth import load  # noqa: E402
 from truth import satisfies  # noqa: E402
 
 SURFACES = ("exl2_70b", "streamer_70b", "llamacpp_7b", "cpu_7b", "vllm_h100", "llamacpp_noisy")
+FAMILIES = (*SURFACES, "moe_30b")  # issue 41: each surface's family and the MoE one
 TUNE_SURFACES = ("exl2_70b", "llamacpp_7b", "vllm_h100")  # seeds 0-9 of these: the tune set
 REPORT_SEEDS = range(100, 120)
 MODES = {  # prior mode -> overrides (issue 23); {s}: the surface
@@ -106,6 +115,9 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "norefine": {"bo": {"REFINE": 0}},  # a sampled pool does not grow near the best measured
     "refine1": {"bo": {"REFINE": 1}},
     "refine4": {"bo": {"REFINE": 4}},
+    "nocover": {"design": {"COVER": False}},  # issue 41: the design without the level coverage
+    "cover4": {"design": {"COVER_MAX": 4}},
+    "coverspread": {"design": {"COVER_NEAR": False}},  # covering points spread (maximin), not near trial 0
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -136,6 +148,8 @@ class Run:
     @property
     def set(self) -> str:
         """report (seeds 100-119), tune (seeds 0-9 of TUNE_SURFACES) or other."""
+        if instances.split_of(self.seed):
+            return instances.split_of(self.seed)
         if self.seed in REPORT_SEEDS:
             return "report"
         return "tune" if self.seed < 10 and self.surface in TUNE_SURFACES else "other"
@@ -202,8 +216,10 @@ def score(truth: Truth, study_dir: Path) -> tuple[tuple[float, ...], bool | None
 
 def overrides(truth: Truth, method: str, mode: str, seed: int, trials: int) -> list[str]:
     """What a study adds to ``conf=SURFACE``: seed, budget, method, prior mode, paired noise."""
+    inst = getattr(truth, "instance", -1)
     return [f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
             f"engine.settings.vars.noise_seed={seed}", *METHODS[method],
+            *([f"engine.settings.vars.instance={inst}"] if inst >= 0 else []),
             *(o.format(s=truth.name) for o in MODES[mode])]
 
 
@@ -225,9 +241,16 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
 _TRUTHS: dict[str, Truth] = {}  # filled before the fast studies' processes fork
 
 
-def _job(job: tuple[str, str, str, int], trials: int, fast: bool, out: Path) -> Run:
+def _job(job: tuple[str, str, str, int], trials: int, fast: bool, out: Path, family: bool = False) -> Run:
     name, method, mode, seed = job
-    truth = _TRUTHS[name]
+    if family:  # instance = seed; its truth enumerated once per process
+        if (name, seed) not in _TRUTHS:
+            _TRUTHS[(name, seed)] = load(name, seed, launchable=False)
+        truth = _TRUTHS[(name, seed)]
+        if truth.optimum <= 0:  # a drawn instance where nothing is feasible: no score, left out
+            return Run(name, method, seed, 0, 0.0, (), None, "no feasible configuration", mode, "fast")
+    else:
+        truth = _TRUTHS[name]
     return run_fast(truth, method, mode, seed, trials) if fast else run_study(truth, method, mode, seed, trials, out)
 
 
@@ -374,9 +397,15 @@ def merge(files: list[Path], results: Path, cmd: str) -> int:
     for f in files:
         for run in load_runs(f):
             runs[(run.surface, run.mode, run.method, run.seed, run.via)] = run
+    tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
+    if all(instances.split_of(r.seed) for r in runs.values()):  # family instances: their own table
+        rows = instances.family_rows(sorted(runs.values(), key=lambda r: (FAMILIES.index(r.surface), r.mode)))
+        text = instances.family_table(rows, {})
+        print(text + tail, end="")
+        write_results(results, text + tail, rows, list(runs.values()), 0.0, cmd)
+        return 0
     truths = {s: load(s) for s in dict.fromkeys(k[0] for k in runs)}
     text = table(group(list(runs.values()), truths), truths, list(runs.values()))
-    tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
     print(tail, end="")
     write_results(results, text + tail, group(list(runs.values()), truths), list(runs.values()), 0.0, cmd)
     return 0
@@ -433,9 +462,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="seconds, in-process, no CLI: random order on every surface's truth, scored "
                          "and tabled; writes nothing unless --results is given")
+    ap.add_argument("--families", default="", help="issue 41: families (or 'all') run on instances")
+    ap.add_argument("--split", default="tune", choices=list(instances.SPLITS),
+                    help="--families: tune (instance seeds 1000-) or report (5000-, held out)")
     args = ap.parse_args(argv)
     given = argv if argv is not None else sys.argv[1:]
     cmd = "python bench/efficiency.py " + " ".join(given)
+    fams = [] if not args.families else FAMILIES if args.families == "all" else args.families.split(",")
+    for f in fams:
+        if f not in FAMILIES:
+            ap.error(f"--families: unknown {f!r}; choose from all, {', '.join(FAMILIES)}")
+    if args.smoke and fams:
+        runs, shapes = instances.smoke_runs(fams, 3, args.trials, Run)
+        print(instances.family_table(instances.family_rows(runs), shapes))
+        return 0
     if args.smoke:
         names = [s for s in args.surfaces.split(",") if s]
         truths = {s: load(s) for s in names}
@@ -460,7 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     for m in modes:
         if m not in MODES:
             ap.error(f"--modes: unknown {m!r}; choose from {', '.join(MODES)}")
-    truths = {s: load(s) for s in surfaces}
+    if fams:
+        surfaces, args.first_seed = fams, instances.SPLITS[args.split][0]  # --seeds: instances a family
+    truths = {s: load(s, launchable=not fams) for s in surfaces}
     if args.variant:
         if not args.fast:
             ap.error("--variant: only with --fast (the CLI runs the product's defaults)")
@@ -479,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(truths[s], m, mode, seed) for seed in range(args.first_seed, args.first_seed + args.seeds)
             for s in surfaces for mode in modes for m in methods]
     stream = Path(args.stream) if args.stream else None
+    if stream and stream.exists():  # resume: the studies already streamed are kept, not re-run
+        done = {(r.surface, r.mode, r.method.split(":")[0], r.seed) for r in load_runs(stream)}
+        jobs = [j for j in jobs if (j[0].name, j[2], j[1], j[3]) not in done]
 
     t0 = time.monotonic()
     if args.rescore:
@@ -492,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.fast else ThreadPoolExecutor(args.jobs)
         runs = []
         with executor:
-            work = partial(_job, trials=args.trials, fast=args.fast, out=out)
+            work = partial(_job, trials=args.trials, fast=args.fast, out=out, family=bool(fams))
             for run in executor.map(work, [(t.name, m, mode, seed) for t, m, mode, seed in jobs]):
                 if args.variant:
                     run = replace(run, method=f"{run.method}:{args.variant}")
@@ -502,7 +547,9 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
     wall = time.monotonic() - t0
     rows = group(runs, truths)
-    text = table(rows, truths, runs)
+    text = instances.family_table(instances.family_rows(runs), {}) if fams else table(rows, truths, runs)
+    if fams:
+        print(text)
     tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs)} launched trials in {wall:.0f} s\n$ {cmd}\n"
     tail += "".join(f"study {r.surface}/{r.mode}/{r.method}/s{r.seed} exited {r.rc}: {r.error}\n"
                     for r in runs if r.rc != 0)

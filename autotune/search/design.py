@@ -7,6 +7,9 @@ design is picked greedily to be as far as possible from what is already queued (
 ``study.enqueue``, which count towards ``study.n_startup``) and from each other (maximin),
 skipping points the engine predicts will not fit. When the engine predicts a decode-speed
 upper bound for every point, and the bounds differ, the design runs fastest-predicted first.
+Before that spread, the design shows every level of each unordered, non-numeric categorical
+knob and both branches of each conditional knob at least once (:func:`covering`, issue 41),
+so the model never starts blind to a whole branch of the space.
 """
 
 from __future__ import annotations
@@ -54,6 +57,19 @@ FAST_PART = {"bo": 0.5, "tpe": 1.0, "gp": 1.0}
 # sets, 5/10/0 against 9/10/0. vllm_h100's median best at trial 20: 0.898 against 0.752 on
 # seeds 0-9, 0.787 against 0.784 on 10-19. bench/results/robust.txt.
 NO_PRIOR_STARTUP = 4
+# Issue 41: before the model is trusted, the design shows every level of each unordered
+# categorical knob whose choices are not numbers (a GPU split, a speculative method, a bool
+# such as flash attention) and both branches of each conditional knob (active / not) at least
+# once, however few trials the startup has: a model that never measured a level cannot tell
+# it hides the optimum. Each covering point is a valid, fitting configuration holding the
+# level: the one covering most missing levels, then the highest predicted speed bound (a
+# prior chooses among a level's points, never whether the level is shown), else the one
+# nearest the baseline (plausible values for the other knobs). At most COVER_MAX points;
+# COVER = False turns it off (bench/efficiency.py --variant nocover).
+COVER = True
+COVER_MAX = 8
+COVER_NEAR = True  # without a prior: the holder nearest trial 0 (False: farthest from all queued)
+_ON, _OFF = "<active>", "<inactive>"
 
 
 def ranks_by_speed(bounds: list[float | None]) -> bool:
@@ -148,10 +164,69 @@ def _pool(space: Space, seed: int | None, seen: set[str]) -> list[dict[str, Any]
     return out
 
 
+def cover_targets(space: Space) -> list[tuple[str, Any]]:
+    """The (knob, level) pairs a design must show (see COVER): each level of an unordered
+    categorical or bool knob whose choices are not all numbers, each branch of a conditional one."""
+    out: list[tuple[str, Any]] = []
+    for p in space.params.values():
+        if p.dist is None:
+            continue
+        if p.when is not None:
+            out += [(p.name, _ON), (p.name, _OFF)]
+        if isinstance(p.dist, CategoricalDistribution) and not p.ordered:
+            vals = p.values() or []
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+                out += [(p.name, v) for v in vals]
+    return out
+
+
+def shows(params: dict[str, Any], target: tuple[str, Any]) -> bool:
+    """Whether a configuration holds a (knob, level) target of :func:`cover_targets`."""
+    name, level = target
+    if level == _ON:
+        return name in params
+    if level == _OFF:
+        return name not in params
+    return name in params and encode(params[name]) == encode(level)
+
+
+def covering(space: Space, pool: list[dict[str, Any]], queued: list[dict[str, Any]],
+             bound: dict[str, float | None] | None, cap: int = COVER_MAX) -> list[dict[str, Any]]:
+    """Up to ``cap`` configurations of ``pool`` (valid, fitting) that show every target of
+    :func:`cover_targets` no ``queued`` one shows; ``bound``: predicted speed bounds by
+    :func:`config_key` (a prior) or None. Each pick covers the most missing targets, then has
+    the highest bound, else lies nearest the first queued configuration (the baseline)."""
+    missing = [t for t in cover_targets(space) if not any(shows(q, t) for q in queued)]
+    anchor = queued[0] if queued else None
+    chosen: list[dict[str, Any]] = []
+    pool = list(pool)
+    while missing and pool and len(chosen) < cap:
+        holders = [c for c in pool if shows(c, missing[0])]
+        if not holders:  # no valid, fitting configuration holds it
+            missing.pop(0)
+            continue
+
+        def rank(c: dict[str, Any], missing: list[tuple[str, Any]] = missing) -> tuple[int, float]:
+            if bound:
+                plausible = bound.get(config_key(c)) or 0.0
+            elif COVER_NEAR:
+                plausible = -(distance(space, c, anchor) if anchor is not None else 0.0)
+            else:
+                plausible = min((distance(space, c, q) for q in [*queued, *chosen]), default=0.0)
+            return sum(shows(c, t) for t in missing), plausible
+
+        pick = max(holders, key=rank)
+        pool.remove(pick)
+        chosen.append(pick)
+        missing = [t for t in missing if not shows(pick, t)]
+    return chosen
+
+
 def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str, Any]],
                    screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
                    fast_part: float = 1.0) -> list[dict[str, Any]]:
-    """Up to ``n`` valid, distinct, spread-out configurations, none equal to one in ``queued``.
+    """Up to ``n`` valid, distinct, spread-out configurations, none equal to one in ``queued``,
+    after the :func:`covering` ones (more than ``n`` when the levels to show need more).
 
     ``screen(params)`` returns (may run, predicted decode tok/s upper bound or None). When the
     bound is known for every point, ``fast_part`` of the design is picked among the fastest-
@@ -165,6 +240,11 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
     bound = {config_key(params): upper for params, fits, upper in screened if fits}
     fast = set(bound)
     ranked_by_bound = ranks_by_speed(list(bound.values()))
+    cover = covering(space, pool, queued, bound if ranked_by_bound else None) if COVER else []
+    if cover:
+        keys = {config_key(c) for c in cover}
+        pool = [c for c in pool if config_key(c) not in keys]
+        queued, n = [*queued, *cover], n - len(cover)
     if ranked_by_bound:
         ranked = sorted(bound.values(), reverse=True)
         cut = ranked[min(len(ranked), max(n, int(len(ranked) * FAST_SHARE))) - 1]
@@ -180,6 +260,7 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
         nearest.pop(i)
         chosen.append(params)
         nearest = [min(d, distance(space, c, params)) for c, d in zip(pool, nearest)]
+    chosen = [*cover, *chosen]
     if chosen and ranked_by_bound:
         chosen.sort(key=lambda p: -bound[config_key(p)])
     return chosen

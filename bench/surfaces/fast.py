@@ -52,9 +52,9 @@ class SimPlacement:
         self.runs += 1
         argv = CommandEngine.build_argv(spec.params, spec.settings, spec.variants,
                                         CommandEngine._builtins(spec.workdir, {}))
-        surface, params, workdir, noise, noise_seed = sim.parse([str(a) for a in argv[2:]])
+        surface, params, workdir, noise, noise_seed, instance = sim.parse([str(a) for a in argv[2:]])
         try:
-            metrics = sim.measure(surface, params, workdir, noise, noise_seed)
+            metrics = sim.measure(surface, params, workdir, noise, noise_seed, instance)
         except SimFailure as e:
             return TrialResult(spec.number, "failed", reason=str(e).splitlines()[0])
         return TrialResult(spec.number, "ok", {k: round(v, 4) for k, v in metrics.items()})

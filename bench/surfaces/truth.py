@@ -23,11 +23,10 @@ import yaml
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from models import NOISE  # noqa: E402
-from models import SURFACES  # noqa: E402
+import families  # noqa: E402
 from models import SimFailure  # noqa: E402
 
-NOISE_SLACK = 0.03  # a timing constraint within the noise of its bound is met (or NOISE's)
+NOISE_SLACK = 0.03  # a timing constraint within the noise of its bound is met (or the surface's noise)
 FLOAT_GRID = 0.01  # the truth of a continuous knob: evaluated on this grid (the optimum's)
 TIMED = ("ttft_p50_ms", "ttft_p95_ms", "decode_tps")
 OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
@@ -105,6 +104,15 @@ class Truth:
     n_within95: int = 0
     n_launchable: int = 0  # neither rule-broken nor predicted OOM by the preset's declaration
     n_launchable95: int = 0
+    instance: int = -1  # the family's instance (bench/surfaces/families.py); -1: the surface itself
+
+    def __post_init__(self) -> None:
+        self.model = families.model(self.name, self.instance)
+        self.noise = families.noise(self.name, self.instance)
+
+    @property
+    def label(self) -> str:
+        return self.name if self.instance < 0 else f"{self.name}#{self.instance}"
 
     def evaluate(self, params: dict) -> tuple[float, dict | None, str]:
         """(true value or 0, noise-free metrics, why infeasible)."""
@@ -114,7 +122,7 @@ class Truth:
         if broken:
             return 0.0, None, "rule: " + broken[0]
         try:
-            metrics = SURFACES[self.name](params)
+            metrics = self.model(params)
         except SimFailure as e:
             return 0.0, None, str(e)
         if not satisfies(metrics, self.constraints):
@@ -125,10 +133,10 @@ class Truth:
         """True value of a configuration the search measured as feasible: its true metric if
         it truly meets every constraint within the timing noise (3%), else 0."""
         try:
-            metrics = SURFACES[self.name](params)
+            metrics = self.model(params)
         except SimFailure:
             return 0.0
-        slack = max(NOISE_SLACK, NOISE.get(self.name, 0.0))
+        slack = max(NOISE_SLACK, self.noise)
         loose = [(k, op, v * (1 + slack) if op.startswith("<") else v * (1 - slack))
                  if k in TIMED else (k, op, v) for k, op, v in self.constraints]
         if not satisfies(metrics, loose):
@@ -143,30 +151,32 @@ class Truth:
         return self.table[k]
 
 
-def load(name: str) -> Truth:
-    """Enumerate the surface's space and compute its true feasible optimum."""
+def load(name: str, instance: int = -1, launchable: bool = True) -> Truth:
+    """Enumerate the surface's (or its family's ``instance``'s) space and compute its true
+    feasible optimum; ``launchable``: count what the physics prior lets launch too (slow)."""
     from autotune.search.rules import compile_rule
 
     preset = yaml.safe_load((HERE / f"{name}.yaml").read_text())
     known = list(preset["space"])
     rules = [compile_rule(r, known, f"rules[{i}]") for i, r in enumerate(preset.get("rules") or [])]
     metric = (preset.get("select") or {}).get("metric", "decode_tps")
-    truth = Truth(name, preset, metric, parse_constraints(preset.get("constraints") or []), rules)
+    truth = Truth(name, preset, metric, parse_constraints(preset.get("constraints") or []), rules,
+                  instance=instance)
     from autotune.engines.command import CommandEngine
     from autotune.search.rules import violations
 
-    launchable = []
+    fits = []
     settings = preset["engine"]["settings"]
     for params in enumerate_space(preset["space"]):
         k = key(params)
         truth.table[k] = truth.evaluate(params)[0]
-        if not violations(rules, params) and CommandEngine.predict(params, settings, {}).fits is not False:
-            launchable.append(truth.table[k])
+        if launchable and not violations(rules, params) and CommandEngine.predict(params, settings, {}).fits is not False:
+            fits.append(truth.table[k])
     values = list(truth.table.values())
     truth.n_configs = len(values)
     truth.optimum = max(values)
     truth.n_feasible = sum(v > 0 for v in values)
     truth.n_within95 = sum(v >= 0.95 * truth.optimum for v in values)
-    truth.n_launchable = len(launchable)
-    truth.n_launchable95 = sum(v >= 0.95 * truth.optimum for v in launchable)
+    truth.n_launchable = len(fits)
+    truth.n_launchable95 = sum(v >= 0.95 * truth.optimum for v in fits)
     return truth
