@@ -20,13 +20,13 @@ from autotune.search.batch import length_scale
 from autotune.search.bo import _GP
 from autotune.search.bo import LENGTH_SCALE_MIN
 from autotune.search.bo import PoolSampler
-from autotune.search.bo import candidate_rows
-from autotune.search.bo import train_rows
 from autotune.search.design import config_key
 from autotune.search.design import has_speed_prior
 from autotune.search.design import ranks_by_speed
 from autotune.search.pool import build_pool
 from autotune.search.pool import featurize
+from autotune.search.subsample import candidate_rows
+from autotune.search.subsample import train_rows
 from autotune.trial.spec import TrialResult
 
 
