@@ -77,6 +77,7 @@ class Engine:
     context_knob: ClassVar[str | None] = None  # the knob setting the context in tokens (n_ctx...)
     baseline_label: ClassVar[str] = "the engine defaults"  # what trial 0 is, as reports name it
     needs_gpu: ClassVar[bool] = False  # cannot run without a CUDA GPU (doctor's GPU check)
+    no_reads_hint: ClassVar[str] = ""  # why its prediction may lack the bytes a token reads
     cuda_kernels: ClassVar[JitExtension | None] = None  # built in the pre-flight (autotune.engines.cuda_ext)
 
     # ---- driver side: pure -------------------------------------------------------

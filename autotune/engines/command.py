@@ -107,6 +107,7 @@ class CommandEngine(Engine):
 
     name = "command"
     predictor = "autotune.engines.predict:predict_command"  # settings.predict (docs/predict.md)
+    no_reads_hint: ClassVar[str] = " (engine.settings.predict declares no bytes)"
     settings_schema = CommandSettings
     supports_quality: ClassVar[bool] = False  # the command measures quality itself, if at all
     quality_hint: ClassVar[str] = " (the command may print ppl_delta_pct itself)"

@@ -24,8 +24,10 @@ from typing import Any
 
 from autotune.engines.roofline import DeviceRead
 from autotune.engines.roofline import roofline
+from autotune.errors import ConfigError
 from autotune.measure.spec import WorkloadSpec
 from autotune.record.summary import Headroom
+from autotune.registry import get_engine_class
 from autotune.search.trials import Record
 from autotune.trial.spec import TrialResult
 
@@ -91,8 +93,10 @@ def why_unknown(engine: str, prediction: dict[str, Any] | None, metrics: dict[st
         return ""
     reads = (prediction or {}).get("reads") or []
     if not reads:
-        how = (" (engine.settings.predict declares no bytes)" if engine == "command"
-               else "")
+        try:
+            how = get_engine_class(engine).no_reads_hint
+        except ConfigError:  # a study recorded by an engine this install no longer has
+            how = ""
         return (f"roofline share unknown: the {engine} engine's prediction does not say how many "
                 f"bytes a decoded token reads{how}")
     missing = [r["label"] for r in reads if not r.get("bandwidth_gbps")]
