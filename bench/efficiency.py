@@ -39,7 +39,7 @@ autotune's own re-measurement defaults (bench/results/exported.txt).
         --methods default,random,tpe,gp --jobs 1     # issue 41: instances of the surface families
     python bench/efficiency.py --smoke --families all  # the families' truths in smoke size
 
-``--families`` (bench/instances.py): each surface, and the MoE one, as a family of instances
+``--families`` (bench/surfaces/instances.py): each surface, and the MoE one, as a family of instances
 (bench/surfaces/families.py), instance seeds of ``--split tune`` (1000-) or ``report``
 (5000-, held out); a table per family with the worst decile's best@20.
 """

@@ -73,6 +73,15 @@ class Prediction:
     decode_tps_upper: float | None = None
     reads: tuple[DeviceRead, ...] = ()  # bytes a decoded token reads per device (roofline.py)
 
+    def stored(self) -> dict[str, Any] | None:
+        """What a launched trial keeps of it (its ``prediction`` user attribute, read back by
+        the summary, the report and the roofline); None when nothing is known."""
+        reads = [r.to_dict() for r in self.reads]
+        if not (self.need_gb or reads or self.decode_tps_upper is not None):
+            return None
+        return {"need_gb": list(self.need_gb), "have_gb": list(self.have_gb),
+                "decode_tps_upper": self.decode_tps_upper, "reads": reads}
+
 
 def verdict(need: list[float], have: list[float], labels: list[str] | None = None,
             decode_tps_upper: float | None = None, reads: tuple[DeviceRead, ...] = ()) -> Prediction:

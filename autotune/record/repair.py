@@ -143,10 +143,7 @@ def _replay(study: optuna.Study, cfg: Config, space: Space, workdir: Path) -> st
     params = dict(spec.params)
     trial = _running(study, space, params)
     pred = space.engine.predict(params, cfg.engine.settings, cfg.engine.variants)
-    known = {"need_gb": list(pred.need_gb), "have_gb": list(pred.have_gb),
-             "decode_tps_upper": pred.decode_tps_upper}
-    studylib.mark_launched(trial, params, known if pred.need_gb or pred.decode_tps_upper is not None
-                           else None)
+    studylib.mark_launched(trial, params, pred.stored())
     result_path = workdir / "result.json"
     if not result_path.exists():
         studylib.tell_fail(study, trial, params, trialslib.INTERRUPTED,

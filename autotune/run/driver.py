@@ -169,13 +169,15 @@ class Driver:
         return n
 
     def design(self, baseline: dict[str, Any]) -> list[dict[str, Any]]:
-        """The space-filling startup configurations after trial 0 and ``study.enqueue``."""
+        """The space-filling startup configurations after trial 0 and ``study.enqueue``; never
+        more than the budget leaves (a covering design may ask for more than ``n_startup``)."""
         st = self.cfg.study
         if not uses_design(st.sampler):
             return []
         queued = [baseline] + [self.space.restrict({**baseline, **e}) for e in st.enqueue]
-        return startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
-                              FAST_PART[resolve(st.sampler, st.search, len(self.cfg.objectives))])
+        design = startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
+                                FAST_PART[resolve(st.sampler, st.search, len(self.cfg.objectives))])
+        return design[: max(st.n_trials - len(queued) - len(self.seeds), 0)]
 
     # ---- the loop ------------------------------------------------------------------
     def run(self) -> StudySummary:
@@ -296,10 +298,7 @@ class Driver:
         if key in self.measured or key in {p.key for p in self.pending.values()}:
             return self._duplicate(study, trial, params, key)
         reads = [r.to_dict() for r in pred.reads]
-        known = {"need_gb": list(pred.need_gb), "have_gb": list(pred.have_gb),
-                 "decode_tps_upper": pred.decode_tps_upper, "reads": reads}
-        studylib.mark_launched(trial, params, known if pred.need_gb or reads
-                               or pred.decode_tps_upper is not None else None)
+        studylib.mark_launched(trial, params, pred.stored())
         reuse = self.quality.lookup(params)
         ref = self.launcher.submit(trial.number, params, quality=reuse is None)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
