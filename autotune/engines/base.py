@@ -32,6 +32,7 @@ from autotune._sections import build_section
 from autotune.engines.cuda_ext import JitExtension
 from autotune.engines.cuda_ext import build_extension
 from autotune.engines.doctor import Check
+from autotune.engines.doctor import installed_check
 from autotune.engines.knob import Knob
 from autotune.engines.predict import Prediction
 from autotune.engines.variants import validate_variants
@@ -78,6 +79,7 @@ class Engine:
     baseline_label: ClassVar[str] = "the engine defaults"  # what trial 0 is, as reports name it
     needs_gpu: ClassVar[bool] = False  # cannot run without a CUDA GPU (doctor's GPU check)
     no_reads_hint: ClassVar[str] = ""  # why its prediction may lack the bytes a token reads
+    package_fix: ClassVar[str] = ""  # how to install its Python package (checked before a run)
     cuda_kernels: ClassVar[JitExtension | None] = None  # built in the pre-flight (autotune.engines.cuda_ext)
 
     # ---- driver side: pure -------------------------------------------------------
@@ -94,8 +96,9 @@ class Engine:
 
     @classmethod
     def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
-        """Checks made before a study of this engine writes anything (fast); a fail stops it."""
-        return []
+        """Checks made before a study of this engine writes anything (fast); a fail stops it.
+        By default: its Python package is installed, when it names one (``package_fix``)."""
+        return installed_check(cls.name, cls.package_fix) if cls.package_fix else []
 
     @classmethod
     def variant_knobs(cls, params: dict[str, Any]) -> list[str]:

@@ -33,7 +33,6 @@ from autotune.engines.base import Resources
 from autotune.engines.cuda_ext import EXLLAMAV2
 from autotune.engines.doctor import Check
 from autotune.engines.doctor import check_exllama
-from autotune.engines.doctor import installed_check
 from autotune.engines.exllamav2.plan import CACHE_CLASSES  # noqa: F401
 from autotune.engines.exllamav2.plan import CACHE_MODES  # noqa: F401
 from autotune.engines.exllamav2.plan import MAX_Q_SIZE  # noqa: F401
@@ -90,6 +89,7 @@ class ExLlamaV2Engine(Engine):
     """
 
     name = "exllamav2"
+    package_fix = "pip install 'autotune[gpu]'"
     needs_gpu = True
     predictor = "autotune.engines.exllamav2.predict:predict_exllamav2"
     presetter, model_formats = "autotune.engines.exllamav2.preset:init_preset", ("exl2",)
@@ -116,14 +116,9 @@ class ExLlamaV2Engine(Engine):
                       spelling="ExLlamaV2DynamicGenerator(paged=...)"),
     }
 
-
     @classmethod
     def doctor_checks(cls, model: Path | None = None) -> list[Check]:
         return check_exllama()
-
-    @classmethod
-    def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
-        return installed_check("exllamav2", "pip install 'autotune[gpu]'")
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:

@@ -30,7 +30,6 @@ from autotune.engines.base import Resources
 from autotune.engines.cuda_ext import EXLLAMAV3
 from autotune.engines.doctor import Check
 from autotune.engines.doctor import check_exllama
-from autotune.engines.doctor import installed_check
 from autotune.engines.exllamav2.engine import generation_from_results
 from autotune.engines.exllamav2.plan import gpus_of
 from autotune.engines.exllamav2.plan import job_args
@@ -104,6 +103,7 @@ class ExLlamaV3Engine(Engine):
     """ExLlamaV3's Generator in-process in the trial worker (CUDA only), batched by one pump."""
 
     name = "exllamav3"
+    package_fix = "pip install exllamav3"
     needs_gpu = True
     predictor = "autotune.engines.exllamav3.predict:predict_exllamav3"
     context_knob = "max_seq_len"
@@ -113,14 +113,9 @@ class ExLlamaV3Engine(Engine):
     quality_hint = "the exllamav3 engine does not expose logits yet"
     knobs = KNOBS
 
-
     @classmethod
     def doctor_checks(cls, model: Path | None = None) -> list[Check]:
         return check_exllama()
-
-    @classmethod
-    def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
-        return installed_check("exllamav3", "pip install exllamav3")
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
