@@ -128,19 +128,21 @@ def chat_template_files(hf: Path, model: Path) -> list[str]:
     return copied
 
 
-def refused_here(branch: str) -> str:
+def refused_here(branch: str, torch: str | None = None) -> str:
     """Why this machine's TabbyAPI ``branch`` will not run its backend, or ''.
 
     exl2-checkpoint turns exllamav2 off under a CUDA 13 torch (``common/optional_dependencies.py``:
-    ``is_torch_cuda_13``), which the lent machines have (torch 2.11.0+cu130).
+    ``is_torch_cuda_13``), which the lent machines have (torch 2.11.0+cu130). ``torch``: its
+    version (default: the installed one; '' when there is none).
     """
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version
+    if torch is None:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version
 
-    try:
-        torch = version("torch")
-    except PackageNotFoundError:
-        return ""
+        try:
+            torch = version("torch")
+        except PackageNotFoundError:
+            torch = ""
     if branch == "exl2" and torch.partition("+")[2].startswith("cu13"):
         return (f"TabbyAPI exl2-checkpoint turns exllamav2 off under a CUDA 13 torch ({torch}; "
                 "common/optional_dependencies.py is_torch_cuda_13)")

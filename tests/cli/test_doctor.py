@@ -8,6 +8,7 @@ subprocess that dies with SIGSEGV stands in for a crashing ``llama_decode``.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 
@@ -172,7 +173,7 @@ def test_doctor_says_whether_llama_server_is_a_cuda_build(tmp_path, monkeypatch)
     fake = tmp_path / "llama-server"
     fake.write_text(FAKE_CUDA_SERVER)
     fake.chmod(0o755)
-    monkeypatch.setattr(build, "find_binary", lambda: fake)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")  # the engine's own lookup finds it
     (check,) = build.check_llama_server()
     assert check.verdict == "ok" and check.detail == f"{fake} (CUDA build: CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80562 MiB free))"
     fake.write_text("#!/bin/sh\nprintf 'Available devices:\\n  (none)\\n'\n")  # what a CPU build prints

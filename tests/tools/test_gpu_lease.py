@@ -166,18 +166,15 @@ def test_a_llama_cpp_row_runs_through_the_llama_server_engine(tmp_path: Path) ->
     assert row.reason.startswith("server buffers MiB: ")
 
 
-def test_exl2_checkpoint_is_known_to_refuse_a_cuda_13_torch(monkeypatch) -> None:
+def test_exl2_checkpoint_is_known_to_refuse_a_cuda_13_torch() -> None:
     """TabbyAPI exl2-checkpoint's is_torch_cuda_13 turns exllamav2 off; the lent machines have
     torch 2.11.0+cu130, so the step says so instead of starting it."""
-    import importlib.metadata
-
     from autotune.tools import gpu_tabby
 
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
-    assert "CUDA 13 torch (2.11.0+cu130" in gpu_tabby.refused_here("exl2")
-    assert gpu_tabby.refused_here("main") == ""
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.9.0+cu128")
-    assert gpu_tabby.refused_here("exl2") == ""
+    assert "CUDA 13 torch (2.11.0+cu130" in gpu_tabby.refused_here("exl2", "2.11.0+cu130")
+    assert gpu_tabby.refused_here("main", "2.11.0+cu130") == ""
+    assert gpu_tabby.refused_here("exl2", "2.9.0+cu128") == ""
+    assert gpu_tabby.refused_here("exl2") == ""  # this machine's CPU torch (or none)
     src = ROOT / "bench" / "gpu" / "tabbyAPI-exl2" / "common" / "optional_dependencies.py"
     if src.is_file():  # the prepared source still says so
         assert "is_torch_cuda_13()" in src.read_text()
