@@ -37,7 +37,7 @@ from autotune.config.compose import compose  # noqa: E402
 from autotune.config.schema import load_config  # noqa: E402
 from autotune.config.validate import compile_space  # noqa: E402
 from autotune.output.report import Reporter  # noqa: E402
-from autotune.record.study import n_finished  # noqa: E402
+from autotune.record.optuna_study import n_finished  # noqa: E402
 from autotune.run.driver import Driver  # noqa: E402
 from autotune.run.placement import Placement  # noqa: E402
 

@@ -15,7 +15,7 @@ Each study is an in-process ask/tell loop with the real pieces of ``autotune run
 preset composed by Hydra and validated, the compiled space, ``make_sampler``, the startup
 design in front of the model-based samplers, trial 0 = the engine's defaults, refusals
 (rules, predicted not to fit) and repeats told and re-asked without counting, and every
-result told through ``autotune.record.study.tell`` (constraints via ``trial.set_constraint``,
+result told through ``autotune.record.optuna_study.tell`` (constraints via ``trial.set_constraint``,
 crashes as the worst values seen with a violated ``run_ok``). The simplification against the
 CLI: no Ray, no trial subprocess, no storage file; a trial's metrics are the surface model's
 own, with the simulator's 3% log-normal timing noise drawn here, seeded by (surface,
@@ -150,7 +150,7 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
     import optuna
 
     from autotune.config.validate import compile_space
-    from autotune.record import study as studylib
+    from autotune.record import optuna_study as studylib
     from autotune.search import trials as trialslib
     from autotune.search.design import FAST_PART
     from autotune.search.design import config_key

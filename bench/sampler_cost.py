@@ -1,7 +1,7 @@
 """The default sampler's own cost: seconds per ask against the number of trials told.
 
 An in-process ask/tell loop of ``study.sampler: bo`` (:class:`autotune.search.bo.PoolSampler`)
-on a real Optuna study, told through :func:`autotune.record.study.tell` (the driver's own
+on a real Optuna study, told through :func:`autotune.record.optuna_study.tell` (the driver's own
 path), over a synthetic command-engine space of ``--size`` configurations (default 100,000:
 four knobs, one of them a ten-way choice) with a TTFT constraint and a speed prior for every
 configuration. No engine runs: each trial's metrics are a known function of its
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from autotune.config.schema import load_config  # noqa: E402
 from autotune.config.validate import compile_space  # noqa: E402
-from autotune.record import study as studylib  # noqa: E402
+from autotune.record import optuna_study as studylib  # noqa: E402
 from autotune.search.bo import PoolSampler  # noqa: E402
 from autotune.search.pool import build_pool  # noqa: E402
 from autotune.trial.spec import TrialResult  # noqa: E402

@@ -1,6 +1,6 @@
 """The commands for a study that exists: ``report``, ``export``, ``ui`` and ``ls``.
 
-Each reads the study's own files (:mod:`autotune.record.studies`), works on a finished, an
+Each reads the study's own files (:mod:`autotune.record.study_dirs`), works on a finished, an
 interrupted or a running study, and refuses bad input with one line and exit code 2
 (a :class:`~autotune.errors.ConfigError`). ``autotune run`` calls :func:`study_started`
 (writes ``config.yaml`` and ``.running``) and :func:`after_run` (the report, logged to
@@ -23,10 +23,10 @@ import yaml
 from autotune._files import write_atomic
 from autotune._process_group import stop_process
 from autotune.errors import ConfigError
-from autotune.record.studies import CONFIG_FILE
-from autotune.record.studies import RUNNING_FILE
-from autotune.record.studies import find_study
-from autotune.record.studies import read_config
+from autotune.record.study_dirs import CONFIG_FILE
+from autotune.record.study_dirs import RUNNING_FILE
+from autotune.record.study_dirs import find_study
+from autotune.record.study_dirs import read_config
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
@@ -102,8 +102,8 @@ def _log_report(path: Path, files: list[Path]) -> None:
     """Log the report to the study's MLflow parent run (if the study is tracked)."""
     from autotune.record.mlflow_view import PARENT_ATTR
     from autotune.record.mlflow_view import log_report
-    from autotune.record.studies import load_study
-    from autotune.record.study import study_attr
+    from autotune.record.study_dirs import load_study
+    from autotune.record.optuna_study import study_attr
 
     config = read_config(path)
     parent = study_attr(load_study(path, config), PARENT_ATTR)
@@ -191,7 +191,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     trials as rows, grouped under the study's parent run); --optuna starts optuna-dashboard
     on the study's Optuna storage instead. Ctrl-C stops it."""
     from autotune.record.mlflow_view import experiment_url
-    from autotune.record.studies import storage_url
+    from autotune.record.study_dirs import storage_url
 
     if not 1 <= args.port <= 65535:
         raise ConfigError("--port", args.port, "expected a port number 1-65535")
@@ -219,8 +219,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     """List the studies under a folder: trials done of the budget, feasible ones, the best
     value so far and its speed-up over trial 0, and whether the study is running."""
     from autotune.output.report import print_studies
-    from autotune.record.studies import state_of
-    from autotune.record.studies import study_dirs
+    from autotune.record.study_dirs import state_of
+    from autotune.record.study_dirs import study_dirs
 
     root = Path(args.root)
     if not root.is_dir():

@@ -114,7 +114,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autotune.record.lock import StudyLock
     from autotune.record.resume import before_run
     from autotune.record.resume import fork_overrides
-    from autotune.record.studies import RUNNING_FILE
+    from autotune.record.study_dirs import RUNNING_FILE
     from autotune.record.tracking import Tracker
     from autotune.run import stop
     from autotune.run.driver import Driver

@@ -33,7 +33,7 @@ from autotune.search.samplers import resolve
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
-    from autotune.record.studies import StudyState
+    from autotune.record.study_dirs import StudyState
     from autotune.search.trials import Record
     from autotune.trial.spec import TrialResult
 
@@ -103,8 +103,8 @@ class Reporter:
 
     def _seed_best(self, study) -> None:
         """Best so far and trial 0's value from a resumed study's finished trials."""
-        from autotune.record.studies import best_feasible
-        from autotune.record.study import records
+        from autotune.record.study_dirs import best_feasible
+        from autotune.record.optuna_study import records
 
         sel = self.cfg.select.metric
         recs = records(study)
@@ -274,9 +274,9 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
 
 def print_summary(path: Path, console: Console | None = None) -> None:
     """``autotune report``: the summary of a study directory (or its state if it has none)."""
-    from autotune.record.studies import read_config
-    from autotune.record.studies import read_summary
-    from autotune.record.studies import state_of
+    from autotune.record.study_dirs import read_config
+    from autotune.record.study_dirs import read_summary
+    from autotune.record.study_dirs import state_of
 
     console = console or Console(highlight=False)
     s = read_summary(path)

@@ -3,7 +3,7 @@
 The plots are Optuna's own (``optuna.visualization``: Pareto front, optimization history,
 parameter importances) drawn on an in-memory copy of the study that holds only the
 trials that were measured, so failed and rule-refused trials (told to Optuna with the worst
-values, see :mod:`autotune.record.study`) do not appear as points. The winner and the baseline are
+values, see :mod:`autotune.record.optuna_study`) do not appear as points. The winner and the baseline are
 marked on the Pareto front. The page is self-contained (plotly.js inline) and also lists
 every trial with its status and reason, the constraints and the noise verdict. PNGs are
 written by kaleido (it drives a headless Chromium); without one the PNGs are skipped with
@@ -27,16 +27,16 @@ from autotune.objectives import get_metric
 from autotune.output.headroom_html import HEADROOM_COLUMNS
 from autotune.output.headroom_html import headroom_html
 from autotune.output.headroom_html import load_curve_figure
-from autotune.record.studies import constraints_as_written
-from autotune.record.studies import load_study
-from autotune.record.studies import read_config
-from autotune.record.studies import read_summary
-from autotune.record.study import copied_attrs
+from autotune.record.study_dirs import constraints_as_written
+from autotune.record.study_dirs import load_study
+from autotune.record.study_dirs import read_config
+from autotune.record.study_dirs import read_summary
+from autotune.record.optuna_study import copied_attrs
 from autotune.search.trials import broken_text
 from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
-    from autotune.record.study import TrialAttrs
+    from autotune.record.optuna_study import TrialAttrs
     from autotune.record.summary import StudySummary
 
 FIG_W, FIG_H = 900, 520

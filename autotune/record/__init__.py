@@ -1,1 +1,1 @@
-"""Stage 4, the record of a study: Optuna storage and the study (study.py, storage.py), reading a study directory (studies.py), the typed summary (summary.py) and MLflow (tracking.py). The finished-trial types it writes live below, in search/trials.py."""
+"""Stage 4, the record of a study: the Optuna study of a config (optuna_study.py: open, resume, tell) and its storage (storage.py), reading a study directory on disk (study_dirs.py), the typed summary (summary.py) and MLflow (tracking.py). The finished-trial types it writes live below, in search/trials.py."""

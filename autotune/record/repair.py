@@ -7,7 +7,7 @@ The damaged file is kept beside the new one (``optuna.db.corrupt-<UTC time>``, w
    the driver writes after each told trial: parameters, values, constraints and user
    attributes exactly as told);
 2. otherwise, from ``trials/NNNN/``: ``spec.json`` + ``result.json`` are told again through
-   :func:`autotune.record.study.tell`, the driver's own path (parameters, metrics, status,
+   :func:`autotune.record.optuna_study.tell`, the driver's own path (parameters, metrics, status,
    constraints; the node and duration come from the files, the value told for a failure is
    the worst seen in the rebuilt order); a trial with a spec and no result was cut off and
    is marked interrupted, so the next ``autotune run`` measures it again;
@@ -77,7 +77,7 @@ def _load_backup(bak: Path, name: str) -> tuple[dict[int, Any], dict[str, Any]]:
     import optuna
 
     from autotune.record.storage import db_problem
-    from autotune.record.study import study_attr
+    from autotune.record.optuna_study import study_attr
 
     if not bak.exists() or db_problem(bak):
         return {}, {}
@@ -134,7 +134,7 @@ def _running(study: optuna.Study, space: Space, params: dict[str, Any]) -> optun
 
 def _replay(study: optuna.Study, cfg: Config, space: Space, workdir: Path) -> str:
     """Tell trial ``workdir`` again from its spec and result; returns its source label."""
-    from autotune.record import study as studylib
+    from autotune.record import optuna_study as studylib
     from autotune.search import trials as trialslib
     from autotune.trial.spec import TrialResult
     from autotune.trial.spec import TrialSpec
@@ -175,7 +175,7 @@ def rebuild(study: optuna.Study, cfg: Config, space: Space, trials_dir: Path,
     """Append every trial to the empty ``study`` in number order; counts by source."""
     from optuna.trial import TrialState
 
-    from autotune.record import study as studylib
+    from autotune.record import optuna_study as studylib
     from autotune.search import trials as trialslib
     from autotune.search.trials import trial_attrs
 
@@ -208,15 +208,15 @@ def repair(path: Path, force: bool = False) -> list[str]:
     import optuna
 
     from autotune.config.validate import compile_space
-    from autotune.record import study as studylib
+    from autotune.record import optuna_study as studylib
     from autotune.record.resume import config_parts
     from autotune.record.storage import BACKUP_SUFFIX
     from autotune.record.storage import db_problem
     from autotune.record.storage import open_rdb
     from autotune.record.storage import sqlite_path
-    from autotune.record.studies import read_config
-    from autotune.record.studies import storage_url
-    from autotune.record.study import set_study_attr
+    from autotune.record.study_dirs import read_config
+    from autotune.record.study_dirs import storage_url
+    from autotune.record.optuna_study import set_study_attr
 
     cfg = read_config(path)
     url = storage_url(path, cfg)
@@ -256,8 +256,8 @@ def repair(path: Path, force: bool = False) -> list[str]:
 
 def _repair_mlflow(cfg: Config, study: optuna.Study) -> str:
     """Make the MLflow runs equal the rebuilt study; one line saying what changed."""
-    from autotune.record.study import set_study_attr
-    from autotune.record.study import study_attr
+    from autotune.record.optuna_study import set_study_attr
+    from autotune.record.optuna_study import study_attr
     from autotune.record.tracking import Tracker
 
     tracker = Tracker(cfg)

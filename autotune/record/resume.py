@@ -105,7 +105,7 @@ def check_resume(cfg: Config, study: optuna.Study | None, fork_hint: bool = True
     """
     if study is None or not study.trials:
         return ""
-    from autotune.record.study import study_attr
+    from autotune.record.optuna_study import study_attr
 
     old = study_attr(study, PARTS_ATTR)
     if not old:
@@ -143,8 +143,8 @@ def existing_study(cfg: Config) -> optuna.Study | None:
 def fork_seeds(source: optuna.Study, cfg: Config, space: Space, baseline: dict[str, Any]) -> list[dict]:
     """The source's measured, successful configurations valid in ``space``, best first."""
     from autotune.objectives import get_metric
-    from autotune.record.study import LAUNCHED
-    from autotune.record.study import records
+    from autotune.record.optuna_study import LAUNCHED
+    from autotune.record.optuna_study import records
 
     metric = cfg.select.metric
     higher = get_metric(metric).higher_is_better

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from autotune.measure.stats import summarize
 from autotune.measure.stats import within_noise
 from autotune.objectives import get_metric
-from autotune.record.study import constraint_values
+from autotune.record.optuna_study import constraint_values
 from autotune.record.summary import Verdict
 from autotune.search.select import rank
 from autotune.search.trials import Record

@@ -154,7 +154,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
                  seed: int | None = None, n_startup: int = 2, max_train: int = MAX_TRAIN,
                  max_candidates: int = MAX_CANDIDATES, batch: str | None = None,
                  refine: int | None = None, objectives: Sequence[str] = ()) -> None:
-        self.objectives = list(objectives)  # what is told, in study order (record.study.told_names)
+        self.objectives = list(objectives)  # what is told, in study order (record.optuna_study.told_names)
         self.batch = batch or BATCH
         if self.batch not in batchlib.MODES:
             raise ValueError(f"batch={self.batch!r}: expected one of {', '.join(batchlib.MODES)}")

@@ -6,8 +6,8 @@ Three shapes of one trial cross the stages, each at its own boundary:
 - :class:`TrialAttrs`: what autotune keeps in the trial's Optuna user attributes, read back by
   :func:`trial_attrs` (the sampler reads it to tell launched trials from reused ones);
 - :class:`Record`: a finished trial as the selector, exporter and reports see it: built from the
-  storage by :func:`autotune.record.study.records` (and returned by
-  :func:`autotune.record.study.tell`), ranked by :mod:`autotune.search.select`, carried in a
+  storage by :func:`autotune.record.optuna_study.records` (and returned by
+  :func:`autotune.record.optuna_study.tell`), ranked by :mod:`autotune.search.select`, carried in a
   :class:`~autotune.record.summary.StudySummary` as its baseline and winner.
 
 They live here, below the record stage that writes them, because the search reads them.

@@ -102,7 +102,7 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
     import optuna
 
     from autotune.cli.main import prepare
-    from autotune.record import study as studylib
+    from autotune.record import optuna_study as studylib
     from autotune.run.driver import Driver
     from autotune.search import trials as trialslib
     from autotune.search.samplers import make_sampler

@@ -73,8 +73,8 @@ def _wait_exec(pid: int) -> None:
 
 
 def test_running_pid_is_alive_autotune_only(tmp_path) -> None:
-    from autotune.record.studies import RUNNING_FILE
-    from autotune.record.studies import running_pid
+    from autotune.record.study_dirs import RUNNING_FILE
+    from autotune.record.study_dirs import running_pid
 
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "autotune"])
     try:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from autotune.record.study import records
+from autotune.record.optuna_study import records
 from autotune.search.select import pareto_front
 from tests.conftest import run_cli
 from tests.conftest import study_overrides

@@ -79,8 +79,8 @@ def study_records(cfg: Config):
     """(finished trial count, records by number) read back from the Optuna storage."""
     import optuna
 
-    from autotune.record.study import n_finished
-    from autotune.record.study import records
+    from autotune.record.optuna_study import n_finished
+    from autotune.record.optuna_study import records
 
     study = optuna.load_study(study_name=cfg.study.name, storage=cfg.storage_url)
     return n_finished(study), {r.number: r for r in records(study)}

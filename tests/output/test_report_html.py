@@ -11,7 +11,7 @@ import pytest
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
 from autotune.output.report_html import trials_table
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.search.trials import Record
 from autotune.trial.spec import TrialResult
 

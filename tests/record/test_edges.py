@@ -1,6 +1,6 @@
 """Records at every edge: outside ``autotune/record/`` a study's summary and config are read by
 attribute, never by string key, and Optuna's user attributes are touched in two modules: written
-in ``record/study.py``, read in ``search/trials.py``.
+in ``record/optuna_study.py``, read in ``search/trials.py``.
 
 The scan reads every module of ``autotune/`` with :mod:`ast`. In each function a value is a
 *study record* when it comes from ``read_summary`` / ``read_config`` /
@@ -24,14 +24,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "autotune"
 RECORD = ROOT / "record"
-# Optuna's user attributes: written in record/study.py, read in search/trials.py (trial_attrs)
-ATTRS_HOMES = (RECORD / "study.py", ROOT / "search" / "trials.py")
+# Optuna's user attributes: written in record/optuna_study.py, read in search/trials.py (trial_attrs)
+ATTRS_HOMES = (RECORD / "optuna_study.py", ROOT / "search" / "trials.py")
 SOURCES = ("read_summary", "read_config", "load_config", "to_dict", "load", "from_dict")
 ANNOTATED = re.compile(r"\b(StudySummary|Verdict|Config)\b")
 NAMED = {"summary"}  # by convention this name holds a study's summary
 ATTRS_API = {"user_attrs", "set_user_attr", "set_trial_user_attr", "set_system_attr"}
 # Issue 21's storage repair and resume checks (written alongside issue 19) still touch study
-# attributes directly; they are to call record.study's study_attr / set_study_attr /
+# attributes directly; they are to call record.optuna_study's study_attr / set_study_attr /
 # trial_attrs too, and then leave this list. Nothing outside autotune/record/ is exempt.
 
 
@@ -166,4 +166,4 @@ def test_optuna_user_attrs_only_in_record_study():
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.Attribute) and node.attr in ATTRS_API:
                 found.append(f"{p.relative_to(ROOT.parent)}:{node.lineno}: .{node.attr}")
-    assert found == [], "write them through autotune.record.study, read them with autotune.search.trials.trial_attrs:\n" + "\n".join(found)
+    assert found == [], "write them through autotune.record.optuna_study, read them with autotune.search.trials.trial_attrs:\n" + "\n".join(found)

@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.record.tracking import Tracker
 from autotune.trial.spec import TrialResult
 

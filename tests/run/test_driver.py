@@ -18,7 +18,7 @@ from rich.console import Console
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
 from autotune.output.report import Reporter
-from autotune.record.study import records
+from autotune.record.optuna_study import records
 from autotune.record.summary import StudySummary
 from autotune.run.driver import Driver
 from autotune.run.placement import Placement

@@ -12,8 +12,8 @@ import time
 import optuna
 import pytest
 
-from autotune.record.study import INTERRUPTED
-from autotune.record.study import LAUNCHED
+from autotune.record.optuna_study import INTERRUPTED
+from autotune.record.optuna_study import LAUNCHED
 from tests.conftest import study_overrides
 from tests.helpers.procs import processes_with_arg
 

@@ -20,7 +20,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.record.study import INTERRUPTED
+from autotune.record.optuna_study import INTERRUPTED
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here
 from tests.helpers.procs import children

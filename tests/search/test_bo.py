@@ -1,6 +1,6 @@
 """``study.sampler: bo``: constrained GP over the pool of launchable configurations.
 
-Real Optuna studies told through :func:`autotune.record.study.tell` (the driver's own path) on a
+Real Optuna studies told through :func:`autotune.record.optuna_study.tell` (the driver's own path) on a
 command-engine space with a rule; the objective is a known function, so a search that does
 not use what it measured fails these tests.
 """
@@ -15,7 +15,7 @@ import pytest
 
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.search.batch import length_scale
 from autotune.search.bo import _GP
 from autotune.search.bo import LENGTH_SCALE_MIN

@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from autotune.config.validate import compile_space
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.search import batch as batchlib
 from autotune.search.bo import PoolSampler
 from autotune.search.design import config_key

@@ -1,7 +1,7 @@
 """``bo``'s Pareto search (``study.search: pareto``, two objectives): exact EHVI over the pool.
 
 The EHVI is checked against a Monte-Carlo estimate; a real Optuna study told through
-:func:`autotune.record.study.tell` (the driver's own path) on a command-engine space with a
+:func:`autotune.record.optuna_study.tell` (the driver's own path) on a command-engine space with a
 rule and a constraint must find the true feasible front, whose hypervolume is known.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.search.bo import PoolSampler
 from autotune.search.design import config_key
 from autotune.search.front import log_ehvi

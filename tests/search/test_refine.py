@@ -14,7 +14,7 @@ import pytest
 
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.search import bo
 from autotune.search import refine
 from autotune.search.bo import PoolSampler

@@ -19,7 +19,7 @@ from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
 from autotune.engines.base import Knob
 from autotune.errors import ConfigError
-from autotune.record.study import enqueue_initial
+from autotune.record.optuna_study import enqueue_initial
 from autotune.search.samplers import make_sampler
 from autotune.search.space import baseline_params
 from autotune.search.space import compile_param

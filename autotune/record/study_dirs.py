@@ -167,7 +167,7 @@ def best_feasible(records: list[Record], metric: str) -> Record | None:
 def state_of(path: Path) -> StudyState:
     """Progress, best so far and whether the study runs, from its files."""
     from autotune.objectives import get_metric
-    from autotune.record.study import records
+    from autotune.record.optuna_study import records
 
     config = read_config(path)
     metric = config.select.metric

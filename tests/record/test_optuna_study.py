@@ -10,7 +10,7 @@ from autotune.config.compose import compose
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
 from autotune.errors import ConfigError
-from autotune.record import study as studylib
+from autotune.record import optuna_study as studylib
 from autotune.search import trials as trialslib
 from autotune.search.samplers import make_sampler
 from autotune.search.select import pareto_front

@@ -10,13 +10,13 @@ import yaml
 
 from autotune.config.compose import compose
 from autotune.config.schema import Config
-from autotune.record import study as studylib
-from autotune.record.studies import CONFIG_FILE
-from autotune.record.studies import best_feasible
-from autotune.record.studies import constraints_as_written
-from autotune.record.studies import read_config
-from autotune.record.studies import read_summary
-from autotune.record.studies import storage_url
+from autotune.record import optuna_study as studylib
+from autotune.record.study_dirs import CONFIG_FILE
+from autotune.record.study_dirs import best_feasible
+from autotune.record.study_dirs import constraints_as_written
+from autotune.record.study_dirs import read_config
+from autotune.record.study_dirs import read_summary
+from autotune.record.study_dirs import storage_url
 from autotune.record.summary import StudySummary
 from autotune.search import trials as trialslib
 from autotune.search.trials import Record
