@@ -103,8 +103,8 @@ class Reporter:
 
     def _seed_best(self, study) -> None:
         """Best so far and trial 0's value from a resumed study's finished trials."""
-        from autotune.record.study_dirs import best_feasible
         from autotune.record.optuna_study import records
+        from autotune.record.study_dirs import best_feasible
 
         sel = self.cfg.select.metric
         recs = records(study)

@@ -29,8 +29,8 @@ from autotune.engines import spill
 from autotune.engines.predict import Prediction
 from autotune.errors import ConfigError
 from autotune.measure.quality import reference_ready
-from autotune.record import storage
 from autotune.record import optuna_study as studylib
+from autotune.record import storage
 from autotune.record.resume import FORKED_ATTR
 from autotune.record.resume import PARTS_ATTR
 from autotune.record.resume import config_parts
