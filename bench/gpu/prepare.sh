@@ -7,7 +7,7 @@
 #   llama.cpp/  llama.cpp from llama-cpp-python's sdist, trimmed to the llama-server build
 #   gguf/       a tiny Llama GGUF that llama.cpp loads
 # The lock's closure is checked as it is written (fetch_wheels.sh exits 2 on a gap); then the
-# venv check (autotune.tools.gpu_venv): TabbyAPI's and the carried wheels' modules import in a
+# venv check (bench.gpu.kit.venv_check): TabbyAPI's and the carried wheels' modules import in a
 # clean Python 3.12 venv made only of the carried wheels and the machine's packages (torch
 # left out). Last, the carry list's size (at most 64 MiB per device call).
 # Usage: [TABBY_SRC=DIR] [LLAMA_CPP_PYTHON=0.3.36] bash bench/gpu/prepare.sh
@@ -17,12 +17,12 @@ ROOT="$(cd "$HERE/../.." && pwd)"
 cd "$ROOT"
 TABBY_SRC="${TABBY_SRC:-/work/.mirror/theroyallab+tabbyAPI/repo}"
 py() { python3 -m "$@"; }
-py autotune.tools.gpu_sources tabby "$TABBY_SRC"
-py autotune.tools.gpu_sources tabby "$TABBY_SRC" --ref exl2-checkpoint --dest "$HERE/tabbyAPI-exl2"
+py bench.gpu.kit.sources tabby "$TABBY_SRC"
+py bench.gpu.kit.sources tabby "$TABBY_SRC" --ref exl2-checkpoint --dest "$HERE/tabbyAPI-exl2"
 bash "$HERE/fetch_wheels.sh"
-py autotune.tools.gpu_sources llama ${LLAMA_CPP_PYTHON:+--version "$LLAMA_CPP_PYTHON"}
-py autotune.tools.gpu_sources gguf
-py autotune.tools.gpu_venv
+py bench.gpu.kit.sources llama ${LLAMA_CPP_PYTHON:+--version "$LLAMA_CPP_PYTHON"}
+py bench.gpu.kit.sources gguf
+py bench.gpu.kit.venv_check
 du -sh "$HERE/wheels" "$HERE/tabbyAPI" "$HERE/llama.cpp" "$HERE/gguf"
 du -sc "$HERE/wheels" "$HERE/tabbyAPI" "$HERE/llama.cpp" "$HERE/gguf" | tail -1 \
   | awk '{ printf "carry: %.1f MiB of 64\n", $1 / 1024 }'

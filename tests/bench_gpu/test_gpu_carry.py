@@ -14,12 +14,12 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from autotune.tools import gpu_carry
-from autotune.tools.gpu_carry import LOCK
-from autotune.tools.gpu_carry import closure_problems
-from autotune.tools.gpu_carry import env_problems
-from autotune.tools.gpu_carry import on_machine
-from autotune.tools.gpu_carry import wheel_facts
+from bench.gpu.kit import carry
+from bench.gpu.kit.carry import LOCK
+from bench.gpu.kit.carry import closure_problems
+from bench.gpu.kit.carry import env_problems
+from bench.gpu.kit.carry import on_machine
+from bench.gpu.kit.carry import wheel_facts
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads(LOCK.read_text())
@@ -27,7 +27,7 @@ DATA = json.loads(LOCK.read_text())
 TRACE = """
 import importlib.metadata as md, json, sys
 before = set(sys.modules)
-import autotune.tools.gpu_check, autotune.tools.gpu_lease, autotune.tools.gpu_carry, autotune.trial.worker
+import bench.gpu.kit.check, bench.gpu.kit.lease, bench.gpu.kit.carry, autotune.trial.worker
 from autotune.registry import get_engine_class
 for e in ("exllamav2", "exllamav3", "llamacpp", "llama_server", "tabbyapi"):
     get_engine_class(e)
@@ -56,10 +56,10 @@ def test_a_missing_requirement_is_named() -> None:
 
 
 def test_the_kits_roots_are_carried_with_their_reason() -> None:
-    for spec, why in gpu_carry.ROOTS.items():
+    for spec, why in carry.ROOTS.items():
         name = canonicalize_name(Requirement(spec).name)
         assert name in DATA["carried"] and why in DATA["carried"][name]["needed_by"]
-    tabby = [r for r, w in DATA["roots"].items() if gpu_carry.TABBY_WHY in w.split("; ")]
+    tabby = [r for r, w in DATA["roots"].items() if carry.TABBY_WHY in w.split("; ")]
     assert any(r.startswith("pydantic") for r in tabby) and any(r.startswith("fastapi") for r in tabby)
 
 
@@ -68,10 +68,10 @@ def test_tabbyapis_dependencies_are_in_the_lock() -> None:
     tabby = ROOT / "bench" / "gpu" / "tabbyAPI"
     if not (tabby / "pyproject.toml").is_file():
         pytest.skip("bench/gpu/tabbyAPI is prepared before a lease, not in CI")
-    assert set(gpu_carry.tabby_roots(tabby)) <= set(DATA["roots"])
+    assert set(carry.tabby_roots(tabby)) <= set(DATA["roots"])
     exl2 = tabby.parent / "tabbyAPI-exl2"
     if (exl2 / "pyproject.toml").is_file():
-        assert set(gpu_carry.tabby_roots(exl2)) <= set(DATA["roots"])
+        assert set(carry.tabby_roots(exl2)) <= set(DATA["roots"])
 
 
 def test_what_the_kits_code_imports_is_there_or_carried() -> None:
@@ -109,10 +109,10 @@ def test_the_env_check_names_what_is_missing_here() -> None:
 
 
 def test_the_venv_check_sorts_gpu_only_imports_from_real_failures(tmp_path: Path) -> None:
-    """gpu_venv's pure parts: TabbyAPI's module list and the classification of import results."""
-    from autotune.tools.gpu_venv import classify
-    from autotune.tools.gpu_venv import fetched
-    from autotune.tools.gpu_venv import tabby_modules
+    """venv_check's pure parts: TabbyAPI's module list and the classification of import results."""
+    from bench.gpu.kit.venv_check import classify
+    from bench.gpu.kit.venv_check import fetched
+    from bench.gpu.kit.venv_check import tabby_modules
 
     for rel in ("main.py", "common/__init__.py", "common/args.py", "endpoints/OAI/router.py",
                 "backends/exllamav3/model.py", "backends/infinity/model.py", "tests/x.py"):

@@ -13,18 +13,18 @@ from pathlib import Path
 import pytest
 
 from autotune.registry import get_engine_class
-from autotune.tools.gpu_check import DRAFT
-from autotune.tools.gpu_check import TARGET
-from autotune.tools.gpu_check import Case
-from autotune.tools.gpu_check import Row
-from autotune.tools.gpu_check import exl2_cases
-from autotune.tools.gpu_check import llamacpp_cases
-from autotune.tools.gpu_check import main
-from autotune.tools.gpu_check import make_spec
-from autotune.tools.gpu_check import render_table
-from autotune.tools.gpu_check import row_of
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
+from bench.gpu.kit.check import DRAFT
+from bench.gpu.kit.check import TARGET
+from bench.gpu.kit.check import Case
+from bench.gpu.kit.check import Row
+from bench.gpu.kit.check import exl2_cases
+from bench.gpu.kit.check import llamacpp_cases
+from bench.gpu.kit.check import main
+from bench.gpu.kit.check import make_spec
+from bench.gpu.kit.check import render_table
+from bench.gpu.kit.check import row_of
 
 
 def test_cases_cover_the_issue_matrix() -> None:
@@ -92,7 +92,7 @@ def test_target_and_draft_share_the_vocabulary(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
-    from autotune.tools.gpu_check import make_models
+    from bench.gpu.kit.check import make_models
 
     models = make_models(tmp_path)
     cfg = {k: json.loads((p / "config.json").read_text()) for k, p in models.items()}
@@ -111,7 +111,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {"optuna", "hydra", "omegaconf", "ray", "mlflow", "gguf"}:
             raise ImportError("not on the GPU machine: " + name)
 sys.meta_path.insert(0, Block())
-import autotune.tools.gpu_check, autotune.trial.worker
+import bench.gpu.kit.check, autotune.trial.worker
 from autotune.registry import get_engine_class
 get_engine_class("exllamav2"), get_engine_class("llamacpp")
 """

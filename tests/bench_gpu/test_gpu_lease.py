@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from autotune.tools.gpu_lease import COMMITTED
-from autotune.tools.gpu_lease import archive
-from autotune.tools.gpu_lease import has_gpu
-from autotune.tools.gpu_lease import plan
-from autotune.tools.gpu_llama import cmake_argv
-from autotune.tools.gpu_sources import keep_llama
+from bench.gpu.kit.lease import COMMITTED
+from bench.gpu.kit.lease import archive
+from bench.gpu.kit.lease import has_gpu
+from bench.gpu.kit.lease import plan
+from bench.gpu.kit.llama import cmake_argv
+from bench.gpu.kit.sources import keep_llama
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def test_the_plan_starts_from_the_committed_rows() -> None:
 
 
 def test_verified_steps_drop_out_and_a_later_failure_counts(tmp_path: Path) -> None:
-    from autotune.tools.gpu_check import exl3_cases
+    from bench.gpu.kit.check import exl3_cases
 
     rows = tmp_path / "rows.jsonl"
     rows.write_text("".join(_row(c.name, "ok") for c in exl3_cases()) + _row("tabby main exl3 chat", "ok"))
@@ -91,7 +91,7 @@ def test_the_tiny_gguf_loads_in_a_real_llama_server(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
     from autotune.engines.cuda_ext import end_group
     from autotune.engines.llama_server.build import find_binary
-    from autotune.tools.gpu_sources import write_tiny_gguf
+    from bench.gpu.kit.sources import write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path / "tiny.gguf")
     assert path.stat().st_size < 10 * 2**20
@@ -149,9 +149,9 @@ def test_a_llama_cpp_row_runs_through_the_llama_server_engine(tmp_path: Path) ->
     flags it asked for, and the server's own buffer sizes (a q8_0 KV cache)."""
     pytest.importorskip("gguf")
     from autotune.engines.llama_server.build import find_binary
-    from autotune.tools.gpu_check import llamacpp_cases
-    from autotune.tools.gpu_check import run_case
-    from autotune.tools.gpu_sources import write_tiny_gguf
+    from bench.gpu.kit.check import llamacpp_cases
+    from bench.gpu.kit.check import run_case
+    from bench.gpu.kit.sources import write_tiny_gguf
 
     binary = find_binary()
     if binary is None:
@@ -169,12 +169,12 @@ def test_a_llama_cpp_row_runs_through_the_llama_server_engine(tmp_path: Path) ->
 def test_exl2_checkpoint_is_known_to_refuse_a_cuda_13_torch() -> None:
     """TabbyAPI exl2-checkpoint's is_torch_cuda_13 turns exllamav2 off; the lent machines have
     torch 2.11.0+cu130, so the step says so instead of starting it."""
-    from autotune.tools import gpu_tabby
+    from bench.gpu.kit import tabby
 
-    assert "CUDA 13 torch (2.11.0+cu130" in gpu_tabby.refused_here("exl2", "2.11.0+cu130")
-    assert gpu_tabby.refused_here("main", "2.11.0+cu130") == ""
-    assert gpu_tabby.refused_here("exl2", "2.9.0+cu128") == ""
-    assert gpu_tabby.refused_here("exl2") == ""  # this machine's CPU torch (or none)
+    assert "CUDA 13 torch (2.11.0+cu130" in tabby.refused_here("exl2", "2.11.0+cu130")
+    assert tabby.refused_here("main", "2.11.0+cu130") == ""
+    assert tabby.refused_here("exl2", "2.9.0+cu128") == ""
+    assert tabby.refused_here("exl2") == ""  # this machine's CPU torch (or none)
     src = ROOT / "bench" / "gpu" / "tabbyAPI-exl2" / "common" / "optional_dependencies.py"
     if src.is_file():  # the prepared source still says so
         assert "is_torch_cuda_13()" in src.read_text()

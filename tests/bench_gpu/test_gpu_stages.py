@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from autotune.registry import get_engine_class
-from autotune.tools.gpu_check import Row
-from autotune.tools.gpu_check import exl3_cases
-from autotune.tools.gpu_check import main
-from autotune.tools.gpu_check import stage_cases
-from autotune.tools.gpu_stages import STAGES
-from autotune.tools.gpu_stages import Deadline
-from autotune.tools.gpu_stages import RowLog
-from autotune.tools.gpu_stages import run_rows
-from autotune.tools.gpu_stages import select_stages
+from bench.gpu.kit.check import Row
+from bench.gpu.kit.check import exl3_cases
+from bench.gpu.kit.check import main
+from bench.gpu.kit.check import stage_cases
+from bench.gpu.kit.stages import STAGES
+from bench.gpu.kit.stages import Deadline
+from bench.gpu.kit.stages import RowLog
+from bench.gpu.kit.stages import run_rows
+from bench.gpu.kit.stages import select_stages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -39,8 +39,8 @@ STAGE = """
 import sys, time
 from dataclasses import dataclass
 from pathlib import Path
-from autotune.tools.gpu_check import Row
-from autotune.tools.gpu_stages import Deadline, RowLog, run_rows
+from bench.gpu.kit.check import Row
+from bench.gpu.kit.stages import Deadline, RowLog, run_rows
 
 @dataclass(frozen=True)
 class StandIn:
@@ -161,8 +161,8 @@ def test_one_stage_alone_writes_its_rows_and_the_table(tmp_path: Path) -> None:
 
 
 def test_the_models_stage_makes_only_what_is_missing(tmp_path: Path) -> None:
-    from autotune.tools.gpu_prepare import stage_models
-    from autotune.tools.gpu_stages import mark_done
+    from bench.gpu.kit.prepare import stage_models
+    from bench.gpu.kit.stages import mark_done
 
     for name in ("hf-target", "hf-draft"):  # made by an earlier command on the machine
         (tmp_path / name).mkdir()
@@ -179,7 +179,7 @@ def test_the_models_stage_makes_only_what_is_missing(tmp_path: Path) -> None:
 
 
 def test_engines_left_out_of_a_command_say_so() -> None:
-    from autotune.tools.gpu_check import engine_skips
+    from bench.gpu.kit.check import engine_skips
 
     env = {"cuda": True, "transformers": True, "exllamav2": True, "exllamav3": True, "llama_server": True}
     assert engine_skips(env) == {}

@@ -6,13 +6,13 @@ The lent machine (Python 3.12, Linux x86_64, no network) has the packages of :da
 carry list is their closure: every ``Requires-Dist`` of every carried wheel (markers evaluated
 for that machine, no extras) that the machine lacks is carried too, down to the leaves.
 
-``python -m autotune.tools.gpu_carry lock --wheels DIR [--tabby DIR] [--tabby-exl2 DIR]``
+``python -m bench.gpu.kit.carry lock --wheels DIR [--tabby DIR] [--tabby-exl2 DIR]``
 (``fetch_wheels.sh``, here, with network) downloads the closure into ``DIR`` and writes :data:`LOCK`
 (``bench/gpu/carry.json``, committed): each carried wheel's version, file, size, requirements
-and import names, and what it needs from the machine. ``tests/tools/test_gpu_carry.py`` checks
+and import names, and what it needs from the machine. ``tests/bench_gpu/test_gpu_carry.py`` checks
 the committed lock is closed and covers what the kit's own code imports.
 
-``python -m autotune.tools.gpu_carry env`` (the lease's first step, seconds): every package
+``python -m bench.gpu.kit.carry env`` (the lease's first step, seconds): every package
 of the lock, carried or the machine's, is installed at a version its dependants accept, and
 each one's modules really import (exllamav2 and exllamav3 excepted: importing them compiles
 their kernels, which the ``ext`` stage does; their requirements are imported instead). On a
@@ -35,7 +35,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LOCK = ROOT / "bench" / "gpu" / "carry.json"
 ROOTS = {
     "exllamav2==0.3.2": "the ExLlamaV2 rows (TabbyAPI exl2-checkpoint's backend)",
@@ -249,7 +249,7 @@ def install_argv(data: dict, wheels: Path, python: str = sys.executable) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.tools.gpu_carry", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.kit.carry", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     lk = sub.add_parser("lock", help="download the closure (network) and write bench/gpu/carry.json")
     lk.add_argument("--wheels", default=str(ROOT / "bench" / "gpu" / "wheels"))

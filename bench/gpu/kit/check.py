@@ -2,14 +2,14 @@
 
 Usage (on a machine with CUDA, nvcc, torch, transformers, safetensors; no network)::
 
-    python -m autotune.tools.gpu_check --stage STAGE [STAGE ...] [--out DIR] [--work DIR]
+    python -m bench.gpu.kit.check --stage STAGE [STAGE ...] [--out DIR] [--work DIR]
         [--bpw 4.0 6.0] [--max-tokens 64]
         [--timeout 240] [--budget-s 540] [--total-s SECONDS] [--engines exllamav2 exllamav3 llama_server]
 
-The stages (:mod:`autotune.tools.gpu_stages`; ``all``, the default, runs them in one go):
+The stages (:mod:`bench.gpu.kit.stages`; ``all``, the default, runs them in one go):
 ``env``, ``ext`` (CUDA extension builds), ``models`` (a small random Llama and a smaller
 draft with the same vocabulary, :mod:`autotune.tools.make_tiny_llama`, converted with each
-library's own converter: :mod:`autotune.tools.gpu_prepare`), the row groups ``exl2-a``,
+library's own converter: :mod:`bench.gpu.kit.prepare`), the row groups ``exl2-a``,
 ``exl2-b``, ``llamacpp``, ``exl3`` (the trial worker run directly, no Ray, no MLflow:
 :func:`autotune.trial.runner.run_trial`, over :func:`exl2_cases`, :func:`llamacpp_cases`,
 :func:`exl3_cases`), and ``table``. Each is one command of under 10 minutes on a lent GPU
@@ -34,27 +34,27 @@ from dataclasses import field
 from pathlib import Path
 
 from autotune._files import write_atomic
-from autotune.tools.gpu_llama import binary as llama_binary
-from autotune.tools.gpu_llama import build as llama_build
-from autotune.tools.gpu_llama import register_gguf
-from autotune.tools.gpu_prepare import DRAFT  # noqa: F401 - re-exported
-from autotune.tools.gpu_prepare import TARGET  # noqa: F401 - re-exported
-from autotune.tools.gpu_prepare import make_models  # noqa: F401 - re-exported
-from autotune.tools.gpu_prepare import stage_ext
-from autotune.tools.gpu_prepare import stage_models
-from autotune.tools.gpu_stages import BUDGET_S
-from autotune.tools.gpu_stages import ROOT
-from autotune.tools.gpu_stages import ROW_STAGES
-from autotune.tools.gpu_stages import STAGES
-from autotune.tools.gpu_stages import Deadline
-from autotune.tools.gpu_stages import RowLog
-from autotune.tools.gpu_stages import default_state
-from autotune.tools.gpu_stages import load_json
-from autotune.tools.gpu_stages import run_rows
-from autotune.tools.gpu_stages import select_stages
 from autotune.trial.runner import run_trial
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
+from bench.gpu.kit.llama import binary as llama_binary
+from bench.gpu.kit.llama import build as llama_build
+from bench.gpu.kit.llama import register_gguf
+from bench.gpu.kit.prepare import DRAFT  # noqa: F401 - re-exported
+from bench.gpu.kit.prepare import TARGET  # noqa: F401 - re-exported
+from bench.gpu.kit.prepare import make_models  # noqa: F401 - re-exported
+from bench.gpu.kit.prepare import stage_ext
+from bench.gpu.kit.prepare import stage_models
+from bench.gpu.kit.stages import BUDGET_S
+from bench.gpu.kit.stages import ROOT
+from bench.gpu.kit.stages import ROW_STAGES
+from bench.gpu.kit.stages import STAGES
+from bench.gpu.kit.stages import Deadline
+from bench.gpu.kit.stages import RowLog
+from bench.gpu.kit.stages import default_state
+from bench.gpu.kit.stages import load_json
+from bench.gpu.kit.stages import run_rows
+from bench.gpu.kit.stages import select_stages
 
 # engine -> its import name in the environment (env.json)
 ENGINES = {"exllamav2": "exllamav2", "llama_server": "llama_server", "exllamav3": "exllamav3"}
@@ -112,7 +112,7 @@ def exl2_cases(bpws: list[float], vram_gib: float) -> list[Case]:
 
 
 def llamacpp_cases(binary: str = "llama-server") -> list[Case]:
-    """The CUDA ``llama-server`` (engine ``llama_server``, built there: :mod:`gpu_llama`) on the
+    """The CUDA ``llama-server`` (engine ``llama_server``, built there: :mod:`bench.gpu.kit.llama`) on the
     tiny GGUF: every layer on the GPU vs 2 of 4, flash attention off/on, a q8_0 KV cache,
     ``--parallel`` 1 vs 4 under 4 concurrent requests. Log verbosity 4 makes the server print
     its model, KV and compute buffer sizes (``info.server_buffers_mib``, beside NVML's peak)."""
@@ -168,7 +168,7 @@ def environment() -> dict:
     env: dict = {"python": sys.version.split()[0]}
     for mod in ("torch", "transformers", "exllamav2", "exllamav3", "flash_attn", "gguf"):
         env[mod] = importlib.util.find_spec(mod) is not None
-    env["llama_server"] = llama_binary(default_state()).is_file()  # the CUDA build (gpu_llama)
+    env["llama_server"] = llama_binary(default_state()).is_file()  # the CUDA build (kit.llama)
     env["cuda"] = False
     if env["torch"]:
         import torch

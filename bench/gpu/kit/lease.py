@@ -1,6 +1,6 @@
 """The lease in one command: what has no ``ok`` row yet, in order, each step archived as it ends.
 
-``python -m autotune.tools.gpu_lease [--total-s 540] [--out DIR] [--rows FILE]`` (run by
+``python -m bench.gpu.kit.lease [--total-s 540] [--out DIR] [--rows FILE]`` (run by
 ``bench/gpu/lease.sh`` after the ``env`` check). It reads the committed rows
 (``bench/results/gpu/rows.jsonl``): a case is verified when its last row there is ``ok`` or
 ``infeasible`` with a reason (a planned refusal). The steps of :data:`STEPS` that still hold an
@@ -29,13 +29,13 @@ import tarfile
 import time
 from pathlib import Path
 
-from autotune.tools.gpu_stages import ROOT
-from autotune.tools.gpu_stages import RowLog
-from autotune.tools.gpu_stages import default_state
+from bench.gpu.kit.stages import ROOT
+from bench.gpu.kit.stages import RowLog
+from bench.gpu.kit.stages import default_state
 
 COMMITTED = ROOT / "bench" / "results" / "gpu" / "rows.jsonl"
 RESERVE_S = 40.0  # the last table and archive
-# step -> (engine of gpu_check, its stages, the longest it may take)
+# step -> (engine of kit.check, its stages, the longest it may take)
 STEPS = {
     "exl3": ("exllamav3", ["ext", "models", "exl3"], 480.0),
     "tabby": ("exllamav3", ["tabby"], 150.0),
@@ -43,15 +43,15 @@ STEPS = {
     "exl2": ("exllamav2", ["ext", "models", "exl2-a", "exl2-b"], 420.0),
     "tabby-exl2": ("exllamav2", ["tabby"], 150.0),
 }
-TABBY_STEPS = {"tabby": "main", "tabby-exl2": "exl2"}  # step -> gpu_tabby branch
+TABBY_STEPS = {"tabby": "main", "tabby-exl2": "exl2"}  # step -> kit.tabby branch
 
 
 def step_cases() -> dict[str, list[str]]:
     """The case names each step verifies."""
-    from autotune.tools.gpu_check import exl2_cases
-    from autotune.tools.gpu_check import exl3_cases
-    from autotune.tools.gpu_check import llamacpp_cases
-    from autotune.tools.gpu_tabby import BRANCHES
+    from bench.gpu.kit.check import exl2_cases
+    from bench.gpu.kit.check import exl3_cases
+    from bench.gpu.kit.check import llamacpp_cases
+    from bench.gpu.kit.tabby import BRANCHES
 
     return {"exl3": [c.name for c in exl3_cases()], "tabby": [BRANCHES["main"]["case"]],
             "llamacpp": [c.name for c in llamacpp_cases()], "exl2": [c.name for c in exl2_cases([4.0, 6.0], 80.0)],
@@ -97,8 +97,8 @@ def archive(work: Path, out: Path) -> Path:
 
 
 def run_check(stages: list[str], engine: str, out: Path, work: Path, seconds: float) -> int:
-    """``gpu_check --stage ...`` in a child process, so a crash ends the step, not the lease."""
-    argv = [sys.executable, "-m", "autotune.tools.gpu_check", "--stage", *stages, "--engines", engine,
+    """``kit.check --stage ...`` in a child process, so a crash ends the step, not the lease."""
+    argv = [sys.executable, "-m", "bench.gpu.kit.check", "--stage", *stages, "--engines", engine,
             "--out", str(out), "--work", str(work), "--total-s", f"{seconds:.0f}", "--timeout", "120"]
     try:
         return subprocess.run(argv, check=False, timeout=seconds + 60).returncode
@@ -108,7 +108,7 @@ def run_check(stages: list[str], engine: str, out: Path, work: Path, seconds: fl
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.tools.gpu_lease", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.kit.lease", description=__doc__.splitlines()[0])
     ap.add_argument("--total-s", type=float, default=540.0, help="this command's whole budget")
     ap.add_argument("--out", default=os.environ.get("OUT") or str(ROOT / "bench" / "gpu" / "out"))
     ap.add_argument("--work", default=str(default_state()))
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         t1 = time.monotonic()
         print(f"== {step} (at most {min(cap, left):.0f} s)", flush=True)
         if step in TABBY_STEPS:
-            from autotune.tools.gpu_tabby import run as tabby_run
+            from bench.gpu.kit.tabby import run as tabby_run
 
             tabby_run(TABBY_STEPS[step], work, out, RowLog(work / "rows.jsonl", out / "rows.jsonl"),
                       cuda=gpu, timeout_s=min(cap, left))

@@ -1,13 +1,13 @@
 """The lease's llama.cpp step: ``llama-server`` built with CUDA from the carried source, timed.
 
 The source is ``bench/gpu/llama.cpp`` (llama-cpp-python's vendored llama.cpp, trimmed here:
-:mod:`autotune.tools.gpu_sources`); the build goes to ``<state>/llama-build`` with the same
+:mod:`bench.gpu.kit.sources`); the build goes to ``<state>/llama-build`` with the same
 cmake options as :mod:`autotune.engines.llama_server.build` plus ``GGML_CUDA=on`` for this
 GPU's architecture only (``nvidia-smi``'s compute capability: 9.0 -> ``90``), so nvcc compiles
 one architecture, not every one. ninja-less cmake resumes a build a killed command left half
 done; ``autotune doctor``'s llama-server line for the build (it must say CUDA) is kept in
 ``llama.json``. The tiny GGUF (``bench/gpu/gguf/tiny-f16.gguf``) becomes variant ``gg`` of the rows
-(:func:`autotune.tools.gpu_check.llamacpp_cases`), run by the ``llama_server`` engine.
+(:func:`bench.gpu.kit.check.llamacpp_cases`), run by the ``llama_server`` engine.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 from autotune._files import write_atomic
 from autotune.engines.llama_server.build import BASE_ARGS
 from autotune.engines.llama_server.build import cpu_cmake_flags
-from autotune.tools.gpu_prepare import run_step
-from autotune.tools.gpu_stages import ROOT
-from autotune.tools.gpu_stages import Deadline
-from autotune.tools.gpu_stages import load_json
+from bench.gpu.kit.prepare import run_step
+from bench.gpu.kit.stages import ROOT
+from bench.gpu.kit.stages import Deadline
+from bench.gpu.kit.stages import load_json
 
 SOURCE = ROOT / "bench" / "gpu" / "llama.cpp"
 GGUF = ROOT / "bench" / "gpu" / "gguf" / "tiny-f16.gguf"

@@ -7,7 +7,7 @@ resumes a build a killed command left half done. ``models`` makes the target and
 (:mod:`autotune.tools.make_tiny_llama`) and converts them with each library's own converter:
 EXL2 at two bpw (``exllamav2.conversion.convert_exl2``), EXL3 at 4 bpw
 (``exllamav3.conversion.convert_model``); the GGUF is made before the lease
-(:mod:`autotune.tools.gpu_sources`). Each
+(:mod:`bench.gpu.kit.sources`). Each
 product gets a ``.done`` marker and its variant is written to ``variants.json`` at once, so a
 re-run makes only what is missing. A failure is kept as ``variants["_why"][engine]``.
 """
@@ -24,11 +24,11 @@ from autotune.engines.cuda_ext import EXLLAMAV2
 from autotune.engines.cuda_ext import EXLLAMAV3
 from autotune.engines.cuda_ext import build_extension
 from autotune.engines.cuda_ext import end_group
-from autotune.tools.gpu_stages import Deadline
-from autotune.tools.gpu_stages import is_done
-from autotune.tools.gpu_stages import load_json
-from autotune.tools.gpu_stages import mark_done
 from autotune.tools.make_tiny_llama import make_tiny_llama
+from bench.gpu.kit.stages import Deadline
+from bench.gpu.kit.stages import is_done
+from bench.gpu.kit.stages import load_json
+from bench.gpu.kit.stages import mark_done
 
 # target: 4 layers, hidden 256 (4 heads of 64); draft: 2 layers, hidden 128; same tokenizer
 TARGET = {"num_layers": 4, "hidden_size": 256, "intermediate_size": 768, "num_heads": 4}

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from autotune.tools import make_tiny_llama
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 KIT = ROOT / "bench" / "gpu"
 # top-level folders of vendor/llama.cpp the build never reads (models/ holds 78 MB of vocab files)
 LLAMA_DROP = {"models", "docs", "tests", "benches", "media", "examples", "gguf-py", "conversion",
@@ -168,7 +168,7 @@ def write_tiny_gguf(path: Path, seed: int = 1, vocab_size: int = 512) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.tools.gpu_sources", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.kit.sources", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     tb = sub.add_parser("tabby", help="TabbyAPI's source into bench/gpu/tabbyAPI")
     tb.add_argument("src", help="a TabbyAPI git directory (clone or bare mirror) or folder")

@@ -3,7 +3,7 @@
 A lent GPU machine runs one command for at most 10 minutes; what a killed command wrote
 under ``$OUT`` still comes back, and ignored folders inside the checkout survive to the next
 command on the same machine. So the check is a sequence of :data:`STAGES`
-(``python -m autotune.tools.gpu_check --stage NAME``; docs/gpu.md):
+(``python -m bench.gpu.kit.check --stage NAME``; docs/gpu.md):
 
 ``env``      environment and imports;
 ``ext``      CUDA extension builds (exllamav2, exllamav3) into ``TORCH_EXTENSIONS_DIR`` under
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STAGES = ("env", "ext", "models", "exl2-a", "exl2-b", "llamacpp", "exl3", "table")
 ROW_STAGES = ("exl2-a", "exl2-b", "llamacpp", "exl3")
 BUDGET_S = 540.0  # a stage's own budget: under the 10-minute command limit with start-up to spare

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from autotune._files import write_atomic
 from autotune.registry import get_engine_class
-from autotune.tools.gpu_stages import RowLog
+from bench.gpu.kit.stages import RowLog
 
-KIT = Path(__file__).resolve().parents[2] / "bench" / "gpu"
+KIT = Path(__file__).resolve().parents[3] / "bench" / "gpu"
 BASE = {"max_seq_len": 2048, "cache_mode": "FP16", "chunk_size": 512}
 # branch -> its case, source folder, backend engine, parameters, model variant, trial row
 BRANCHES = {

@@ -1,9 +1,9 @@
 """Check here, before a lease, that the carried wheels and the machine's packages suffice.
 
-``python -m autotune.tools.gpu_venv`` (the end of ``bench/gpu/prepare.sh``) builds a clean
+``python -m bench.gpu.kit.venv_check`` (the end of ``bench/gpu/prepare.sh``) builds a clean
 Python 3.12 venv from two sources only, both with ``pip --no-index``: the carried wheels
 (``bench/gpu/wheels``) and wheels of the lent machine's own packages (those of
-:data:`autotune.tools.gpu_carry.MACHINE` that the lock needs, with their dependencies on that
+:data:`bench.gpu.kit.carry.MACHINE` that the lock needs, with their dependencies on that
 list, fetched once into ``~/.cache/autotune/gpu-machine-wheels``). torch, triton and the CUDA
 libraries are left out (gigabytes; the machine has them), so exllamav2 and exllamav3 go in
 with ``--no-deps``. Then, in that venv, every module of TabbyAPI's source (``common``,
@@ -27,12 +27,12 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from autotune.engines.variants import cache_dir
-from autotune.tools.gpu_carry import KERNEL_BUILDERS
-from autotune.tools.gpu_carry import LOCK
-from autotune.tools.gpu_carry import ROOT
-from autotune.tools.gpu_carry import download
-from autotune.tools.gpu_carry import on_machine
-from autotune.tools.gpu_carry import wheel_facts
+from bench.gpu.kit.carry import KERNEL_BUILDERS
+from bench.gpu.kit.carry import LOCK
+from bench.gpu.kit.carry import ROOT
+from bench.gpu.kit.carry import download
+from bench.gpu.kit.carry import on_machine
+from bench.gpu.kit.carry import wheel_facts
 
 NOT_FETCHED = ("torch", "triton", "nvidia-", "cuda-")  # on the machine; too large to fetch here
 # modules only the GPU machine provides: an import failing on one of them is not a finding here
@@ -78,7 +78,7 @@ def config_problems(vpy: str, tree: Path, branch: str, work: Path) -> list[str]:
     ``config.yml`` in the working directory, as at startup); every exported key must be an
     option TabbyAPI reads back unchanged (``null``, which TabbyAPI drops before validating,
     means its default)."""
-    from autotune.tools.gpu_tabby import export
+    from bench.gpu.kit.tabby import export
 
     variants = {"e4": {"path": str(work / "models" / "exl3-t4")},
                 "t4": {"path": str(work / "models" / "exl2-t4"), "bpw": 4.0}}
@@ -222,7 +222,7 @@ def run(venv: Path, wheels: Path, trees: list[Path], machine_dir: Path, python: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m autotune.tools.gpu_venv", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.gpu.kit.venv_check", description=__doc__.splitlines()[0])
     ap.add_argument("--venv", default=str(cache_dir().parent / "gpu-venv"))
     ap.add_argument("--wheels", default=str(ROOT / "bench" / "gpu" / "wheels"))
     ap.add_argument("--tabby", default=str(ROOT / "bench" / "gpu" / "tabbyAPI"))
