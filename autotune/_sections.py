@@ -10,6 +10,7 @@ an unknown key, a wrong type or a missing required field raises a one-line
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from typing import Any
@@ -62,13 +63,19 @@ def check_type(path: str, value: Any, tp: Any) -> Any:
     return value
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` of a schema class, once per class (engines build theirs often)."""
+    return typing.get_type_hints(cls)
+
+
 def build_section(cls: type, data: Any, path: str):
     """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(path, data, "expected a mapping")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     for key in data:
         if key not in names:

@@ -144,21 +144,36 @@ class Engine:
         return [f.name for f in dataclasses.fields(cls.settings_schema)]
 
     @classmethod
+    def typed_settings(cls, settings: dict | EngineSettings) -> EngineSettings:
+        """``settings`` as this engine's ``settings_schema``: its own keys, defaults filled in.
+
+        The hooks read their settings from this frozen record (``s.num_cpus``); the mapping
+        itself still carries the knobs fixed in ``settings`` (:meth:`fixed_params`). It was
+        checked by :meth:`validate_settings` before any trial, so building it raises nothing new.
+        """
+        if isinstance(settings, cls.settings_schema):
+            return settings
+        own = set(cls.setting_names())
+        return build_section(cls.settings_schema, {k: v for k, v in settings.items() if k in own},
+                             "engine.settings")
+
+    @classmethod
     def preflight(cls, settings: dict, build: bool = True) -> list[str]:
         """What this machine lacks to run the engine (e.g. the GPUs in ``settings.gpus``).
 
         With ``build`` (a real run), what the engine builds once is built now, before any trial
         (its ``cuda_kernels``, unless ``settings.build_extension`` is false; a server binary);
         a dry run only looks (``build=False``)."""
-        missing = cls._gpus_missing(settings)
-        if missing or cls.cuda_kernels is None or not build or not settings.get("build_extension", True):
+        s = cls.typed_settings(settings)
+        missing = cls._gpus_missing(s.gpus)
+        # an engine with cuda_kernels has build_extension and extension_build_timeout_s settings
+        if missing or cls.cuda_kernels is None or not build or not s.build_extension:
             return missing
-        return build_extension(cls.cuda_kernels, float(settings.get("extension_build_timeout_s", 1800)))
+        return build_extension(cls.cuda_kernels, float(s.extension_build_timeout_s))
 
     @staticmethod
-    def _gpus_missing(settings: dict) -> list[str]:
-        """The GPUs of ``settings.gpus`` this machine lacks or has too small."""
-        wanted = settings.get("gpus") or []
+    def _gpus_missing(wanted: list[dict]) -> list[str]:
+        """The GPUs of ``settings.gpus`` (``wanted``) this machine lacks or has too small."""
         if not wanted:
             return []
         have = list_gpus()
@@ -294,7 +309,8 @@ class Engine:
 
     # ---- worker side -------------------------------------------------------------
     def __init__(self, settings: dict, variants: dict, params: dict, workdir: Path) -> None:
-        self.settings = settings
+        self.settings = settings  # the mapping: settings and the knobs fixed there
+        self.opts = self.typed_settings(settings)  # the engine's settings_schema
         self.variants = variants
         self.params = params
         self.workdir = Path(workdir)
