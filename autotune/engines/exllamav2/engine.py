@@ -122,14 +122,15 @@ class ExLlamaV2Engine(Engine):
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
+        s = cls.typed_settings(settings)
         out = {
-            "model": settings.get("default_variant") or next(iter(variants), None),
+            "model": s.default_variant or next(iter(variants), None),
             "max_seq_len": 4096, "cache_size": None, "cache_mode": "FP16", "gpu_split": "auto",
             "autosplit_reserve_mb": 96, "chunk_size": 2048, "max_batch_size": None,
             "draft_model": "none", "draft_cache_mode": "FP16", "num_draft_tokens": 4,
             "layer_skip_threshold": 1.0,
         }
-        return {**out, **(settings.get("defaults") or {})}
+        return {**out, **s.defaults}
 
     @classmethod
     def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
@@ -140,7 +141,7 @@ class ExLlamaV2Engine(Engine):
         p = cls.full_params(params, settings)
         mode, split = parse_split(p["gpu_split"])
         n = len(split) if mode == "manual" else max(len(gpus_of(settings)), 1)
-        return Resources(num_cpus=float(settings.get("num_cpus", 1)), num_gpus=float(n))
+        return Resources(num_cpus=float(cls.typed_settings(settings).num_cpus), num_gpus=float(n))
 
     @classmethod
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
@@ -285,8 +286,8 @@ class ExLlamaV2Engine(Engine):
         from autotune.measure.quality import load_text
 
         starts = self._layer_starts()
-        text = load_text(self.settings.get("calibration_text", "gpl3"))
-        ids = self.tokenizer.encode(text)[:, : int(self.settings.get("calibration_tokens", 128))]
+        text = load_text(self.opts.calibration_text)
+        ids = self.tokenizer.encode(text)[:, : int(self.opts.calibration_tokens)]
         r = self.model.forward_chunk(ids, cache=None, extract_state_indices=starts, last_id_only=True)
         states = [r["states"][j].float() for j in starts]
         sims = [float(torch.nn.functional.cosine_similarity(a.to(b.device), b, dim=-1).mean())
@@ -312,7 +313,7 @@ class ExLlamaV2Engine(Engine):
 
         try:
             ident, t0, q = self.pump.submit(job)
-            results = list(self.pump.results(ident, q, float(self.settings.get("request_timeout_s", 600))))
+            results = list(self.pump.results(ident, q, float(self.opts.request_timeout_s)))
         except PumpFailed as e:  # iterate() raised in the pump thread: fail now, with its reason
             reason = failure_reason(e.cause)
             if reason is None:

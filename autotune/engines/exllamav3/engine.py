@@ -87,16 +87,16 @@ class ExLlamaV3Settings(EngineSettings):
     extension_build_timeout_s: float = 1800.0
 
 
-def exl3_defaults(settings: dict, variants: dict) -> dict[str, Any]:
+def exl3_defaults(s: ExLlamaV3Settings, variants: dict) -> dict[str, Any]:
     """TabbyAPI main's defaults for every knob (max_seq_len 4096: the model's own may be huge)."""
     out = {
-        "model": settings.get("default_variant") or next(iter(variants), None),
+        "model": s.default_variant or next(iter(variants), None),
         "max_seq_len": 4096, "cache_size": None, "cache_mode": "FP16", "tensor_parallel": False,
         "tensor_parallel_backend": "native", "gpu_split": "auto", "autosplit_reserve": 96,
         "chunk_size": 2048, "max_batch_size": None, "draft_model": "none", "draft_mode": "model",
         "draft_num_tokens": 4, "draft_cache_mode": "FP16", "ngram_match_min": 2,
     }
-    return {**out, **(settings.get("defaults") or {})}
+    return {**out, **s.defaults}
 
 
 class ExLlamaV3Engine(Engine):
@@ -119,7 +119,7 @@ class ExLlamaV3Engine(Engine):
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
-        return exl3_defaults(settings, variants)
+        return exl3_defaults(cls.typed_settings(settings), variants)
 
     @classmethod
     def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
@@ -133,7 +133,7 @@ class ExLlamaV3Engine(Engine):
         except ValueError:
             split = []
         n = len(split) if split else max(len(gpus_of(settings)), 1)
-        return Resources(num_cpus=float(settings.get("num_cpus", 1)), num_gpus=float(n))
+        return Resources(num_cpus=float(cls.typed_settings(settings).num_cpus), num_gpus=float(n))
 
     @classmethod
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
@@ -240,7 +240,7 @@ class ExLlamaV3Engine(Engine):
 
         try:
             ident, t0, q = self.pump.submit(job)
-            results = list(self.pump.results(ident, q, float(self.settings.get("request_timeout_s", 600))))
+            results = list(self.pump.results(ident, q, float(self.opts.request_timeout_s)))
         except PumpFailed as e:
             reason = failure_reason(e.cause)
             if reason is None:
