@@ -17,9 +17,9 @@ from autotune.engines.llamacpp.gpu import visible_split
 )
 def test_cuda_flash_attention_pairs(k: str, v: str, ok: bool) -> None:
     p = {"n_gpu_layers": -1, "flash_attn": True, "type_k": k, "type_v": v}
-    assert (fa_pair_reasons(p, {}) == []) is ok
-    assert fa_pair_reasons(p, {"cuda_fa_all_quants": True}) == []
-    assert fa_pair_reasons({**p, "n_gpu_layers": 0}, {}) == []  # CPU: the rule is CUDA's
+    assert (fa_pair_reasons(p) == []) is ok
+    assert fa_pair_reasons(p, all_quants=True) == []
+    assert fa_pair_reasons({**p, "n_gpu_layers": 0}) == []  # CPU: the rule is CUDA's
 
 
 def test_the_rule_is_part_of_the_engine_check() -> None:

@@ -149,7 +149,7 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
         """llama-server's own defaults on this machine (the baseline passes no flag)."""
-        model = settings.get("default_variant") or next(iter(variants), None)
+        model = cls.typed_settings(settings).default_variant or next(iter(variants), None)
         return {"model": model, **server_defaults()}
 
     @classmethod
@@ -174,15 +174,16 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
         if not build:
             return super().preflight(settings, build)
         try:
-            ensure_binary(settings.get("binary"))
+            ensure_binary(cls.typed_settings(settings).binary)
         except BuildError as e:
             return [str(e)]
         return super().preflight(settings)
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
-        if settings.get("num_cpus"):
-            return Resources(num_cpus=float(settings["num_cpus"]))
+        num_cpus = cls.typed_settings(settings).num_cpus
+        if num_cpus:
+            return Resources(num_cpus=float(num_cpus))
         p = cls.full_params(params, settings)
         threads = max(int(p["threads"]), int(p["threads_batch"]), 1)
         return Resources(num_cpus=float(threads))
@@ -197,7 +198,7 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
             reasons.append("ubatch_size must be <= batch_size (llama.cpp clamps it silently)")
         if any(v is not None and k in KNOBS and not KNOBS[k].accepts(v) for k, v in p.items()):
             return reasons  # check() names the bad value; no argv is built from it
-        argv = server_argv("llama-server", "m.gguf", p, 8080, extra=settings.get("extra_args"),
+        argv = server_argv("llama-server", "m.gguf", p, 8080, extra=cls.typed_settings(settings).extra_args,
                            n_layers=1 << 16)
         return reasons + argv_reasons(argv)
 
@@ -206,25 +207,27 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
                  binary: str | None = None, resolve: bool = True) -> list[str]:
         """The argv of a trial or of the export (one builder for both)."""
         p = cls.full_params(params, settings, variants)
+        s = cls.typed_settings(settings)
         paths = {}
         for name in {p.get("model"), p.get("model_draft")} - {None}:
             v = variants.get(name, {})
             paths[name] = str(resolve_variant(name, variants)) if resolve else \
                 (v.get("path") or f"<variant {name}>")
         if binary is None:
-            found = find_binary(settings.get("binary"))
+            found = find_binary(s.binary)
             binary = str(found) if found else "llama-server"
         model = paths.get(p.get("model"), "")
         n_layers = model_layers(model) if str(p.get("override_tensor")).startswith("exps_last_") \
             else None
-        return server_argv(binary, model, p, port, paths, settings.get("extra_args"),
+        return server_argv(binary, model, p, port, paths, s.extra_args,
                            n_layers=n_layers)
 
     @classmethod
     def describe_launch(cls, params: dict, settings: dict, variants: dict,
                         workload: dict | None = None) -> str:
         line = shlex.join(cls.argv_for(params, settings, variants, 0, resolve=False))
-        if find_binary(settings.get("binary")) is None and not settings.get("binary"):
+        binary = cls.typed_settings(settings).binary
+        if find_binary(binary) is None and not binary:
             line += ("  (llama-server is not built yet: the run builds it once from llama-cpp-python's "
                      "llama.cpp, about 6 min on 2 cores; or now: python -m autotune.engines.llama_server.build)")
         return line
@@ -232,7 +235,7 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
         """``llama-server.sh``: the measured command line, on ``settings.port``."""
-        argv = cls.argv_for(params, settings, variants, int(settings.get("port", 8080)))
+        argv = cls.argv_for(params, settings, variants, int(cls.typed_settings(settings).port))
         path = out_dir / "llama-server.sh"
         write_atomic(path, "#!/usr/bin/env sh\n# Winner exported by autotune (engine llama_server)"
                      ": the command line it measured.\nexec " + shlex.join(argv) + "\n")
@@ -250,13 +253,13 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
 
     # ---- worker side -------------------------------------------------------------
     def _argv_env(self, port: int, model_path: str) -> tuple[list[str], dict[str, str]]:
-        binary = find_binary(self.settings.get("binary"))  # built by preflight, never in a trial
+        binary = find_binary(self.opts.binary)  # built by preflight, never in a trial
         if binary is None:
             raise RuntimeError("no llama-server: set engine.settings.binary, put one on PATH or "
                                "run `python -m autotune.engines.llama_server.build`")
         self.info["binary"] = str(binary)
         argv = self.argv_for(self.params, self.settings, self.variants, port, str(binary))
-        return argv, {k: str(v) for k, v in (self.settings.get("env") or {}).items()}
+        return argv, {k: str(v) for k, v in self.opts.env.items()}
 
     def _startup_failed(self, error: Exception) -> Exception:
         """OOM in the log: infeasible; else the server's own error line."""

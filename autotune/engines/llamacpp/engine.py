@@ -110,7 +110,7 @@ class LlamaCppEngine(Engine):
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
         n = cpu_count()
         return {
-            "model": settings.get("default_variant") or next(iter(variants), None),
+            "model": cls.typed_settings(settings).default_variant or next(iter(variants), None),
             "n_threads": max(n // 2, 1), "n_threads_batch": n, "n_batch": 512, "n_ubatch": 512,
             "n_ctx": 512, "flash_attn": False, "type_k": "f16", "type_v": "f16",
             "use_mmap": True, "use_mlock": False, "offload_kqv": True, "n_gpu_layers": 0,
@@ -147,7 +147,7 @@ class LlamaCppEngine(Engine):
             reasons.append("a quantized V cache (type_v) needs flash_attn=true in llama.cpp")
         if p.get("n_ubatch", 0) > p.get("n_batch", 0):
             reasons.append("n_ubatch must be <= n_batch (llama.cpp clamps it silently)")
-        return reasons + fa_pair_reasons(p, settings)
+        return reasons + fa_pair_reasons(p, cls.typed_settings(settings).cuda_fa_all_quants)
 
     # ---- export ---------------------------------------------------------------------
     @classmethod
@@ -158,7 +158,7 @@ class LlamaCppEngine(Engine):
             "n_batch": p["n_batch"], "n_ubatch": p["n_ubatch"], "n_ctx": p["n_ctx"],
             "flash_attn": p["flash_attn"], "type_k": KV_TYPES[p["type_k"]], "type_v": KV_TYPES[p["type_v"]],
             "use_mmap": p["use_mmap"], "use_mlock": p["use_mlock"], "offload_kqv": p["offload_kqv"],
-            "n_gpu_layers": p["n_gpu_layers"], "seed": int(settings.get("seed", 0)),
+            "n_gpu_layers": p["n_gpu_layers"], "seed": int(cls.typed_settings(settings).seed),
             "logits_all": p["logits_all"] or p["draft"] != "none",
         }
         if p["n_gpu_layers"]:
@@ -173,7 +173,8 @@ class LlamaCppEngine(Engine):
         """The equivalent ``llama-server`` argv (newest flag spellings, ENGINE_KNOBS §4.3)."""
         from autotune.engines.llamacpp.export import server_argv
 
-        return server_argv(cls.full_params(params, settings, variants), model_path, settings.get("port", 8080))
+        return server_argv(cls.full_params(params, settings, variants), model_path,
+                           cls.typed_settings(settings).port)
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
@@ -184,7 +185,7 @@ class LlamaCppEngine(Engine):
         note = ""
         if "path" not in v:
             note = ("# The model is made by autotune (see engine.variants in best.yaml); its file\n"
-                    f"# is in {settings.get('cache_hint', '~/.cache/autotune/models')}.\n")
+                    f"# is in {cls.typed_settings(settings).cache_hint or '~/.cache/autotune/models'}.\n")
         kw_path, sh_path = out_dir / "llama_cpp_kwargs.json", out_dir / "llama-server.sh"
         write_atomic(kw_path, json.dumps(kwargs, indent=2) + "\n")
         write_atomic(sh_path, "#!/usr/bin/env sh\n# Winner exported by autotune.\n" + note + shlex.join(argv) + "\n")
@@ -227,7 +228,7 @@ class LlamaCppEngine(Engine):
         if p["draft"] == "prompt_lookup" and not logits_all:
             # logits_all=True is already in kw: without it 0.3.36 crashes past n_batch.
             kw["draft_model"] = _counting_drafter(p["draft_ngram"], p["draft_k"])
-        kw["verbose"] = bool(self.settings.get("verbose", False))
+        kw["verbose"] = bool(self.opts.verbose)
         try:
             return llama_cpp.Llama(**kw)
         except ValueError as e:  # infeasible, or a real failure such as a wrong model path

@@ -37,9 +37,11 @@ def _as_f16(t: str) -> str:
     return "f16" if t == "f32" else t
 
 
-def fa_pair_reasons(p: dict, settings: dict) -> list[str]:
-    """Why (type_k, type_v) would run llama.cpp's slow f16-conversion path on CUDA ([] if not)."""
-    if not p.get("n_gpu_layers") or not p.get("flash_attn") or settings.get("cuda_fa_all_quants"):
+def fa_pair_reasons(p: dict, all_quants: bool = False) -> list[str]:
+    """Why (type_k, type_v) would run llama.cpp's slow f16-conversion path on CUDA ([] if not).
+
+    ``all_quants``: the build has every pair's kernel (``settings.cuda_fa_all_quants``)."""
+    if not p.get("n_gpu_layers") or not p.get("flash_attn") or all_quants:
         return []
     pair = (_as_f16(str(p.get("type_k", "f16"))), _as_f16(str(p.get("type_v", "f16"))))
     if pair in FA_PAIRS_DEFAULT:
