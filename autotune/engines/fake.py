@@ -151,7 +151,7 @@ class FakeEngine(Engine):
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
         p = cls.full_params(params, settings)
-        custom = {str(k): float(v) for k, v in (settings.get("resources") or {}).items()}
+        custom = {str(k): float(v) for k, v in cls.typed_settings(settings).resources.items()}
         if p["resource"]:
             custom[p["resource"]] = custom.get(p["resource"], 0.0) + 1.0
         return Resources(num_cpus=float(p["cpus"]), num_gpus=float(p["gpus"]), custom=custom)
@@ -160,14 +160,15 @@ class FakeEngine(Engine):
     def engine_reasons(cls, params: dict, settings: dict) -> list[str]:
         # settings.gpus is the device list (a setting), not the knob gpus
         p = cls.full_params(params, settings)
+        s = cls.typed_settings(settings)
         reasons = []
         gpus = float(p["gpus"])
-        if gpus != int(gpus) and not settings.get("share_gpus"):
+        if gpus != int(gpus) and not s.share_gpus:
             reasons.append(f"gpus={gpus:g} is fractional: two trials would share a GPU; "
                            "set engine.settings.share_gpus: true to allow it")
         if gpus > 1 and gpus != int(gpus):
             reasons.append(f"gpus={gpus:g}: more than one GPU must be a whole number")
-        devices = settings.get("gpus") or []
+        devices = s.gpus
         mem = float(p["gpu_memory_gb"])
         if devices and mem > max(float(g.get("memory_gb", math.inf)) for g in devices):
             reasons.append(f"gpu_memory_gb={mem:g} exceeds every GPU in engine.settings.gpus")
@@ -180,7 +181,7 @@ class FakeEngine(Engine):
         return self.full_params(self.params, self.settings)[key]
 
     def _record(self, event: str, **extra: Any) -> None:
-        rec_dir = self.settings.get("record_dir")
+        rec_dir = self.opts.record_dir
         if not rec_dir:
             return
         append_record(rec_dir, {
@@ -206,7 +207,7 @@ class FakeEngine(Engine):
                 time.sleep(3600)
         if self._p("oom"):
             raise MemoryError("fake engine: simulated out of memory")
-        devices = self.settings.get("gpus") or []
+        devices = self.opts.gpus
         mem = float(self._p("gpu_memory_gb"))
         for i in self.assigned_gpus():
             if i < len(devices) and mem > float(devices[i].get("memory_gb", math.inf)):

