@@ -124,7 +124,7 @@ class CommandEngine(Engine):
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
-        return dict(settings.get("defaults") or {})
+        return dict(cls.typed_settings(settings).defaults)
 
     @classmethod
     def allowed_placeholders(cls, settings: dict, variants: dict) -> list[str]:
@@ -187,7 +187,7 @@ class CommandEngine(Engine):
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
-        res = settings.get("resources") or {}
+        res = cls.typed_settings(settings).resources
         return Resources(
             num_cpus=float(res.get("num_cpus", 1)),
             num_gpus=float(res.get("num_gpus", 0)),
@@ -198,7 +198,7 @@ class CommandEngine(Engine):
     def resolve(cls, params: dict, settings: dict) -> dict[str, Any]:
         """Every declared knob's value for this trial: the trial's parameter, else the default."""
         full = cls.full_params(params, settings)
-        return {k: full[k] for k in settings.get("knobs") or {} if full.get(k) is not None}
+        return {k: full[k] for k in cls.typed_settings(settings).knobs if full.get(k) is not None}
 
     @staticmethod
     def _builtins(workdir: str, workload: dict) -> dict[str, Any]:
@@ -212,12 +212,13 @@ class CommandEngine(Engine):
     @classmethod
     def build_argv(cls, params: dict, settings: dict, variants: dict, extra: dict) -> list[str]:
         """The argv for ``params`` (pure; ``extra`` holds the built-in placeholders)."""
-        values = {**dict.fromkeys(settings.get("knobs") or {}), "model_path": None,
-                  **(settings.get("vars") or {}), **extra, **cls.resolve(params, settings)}
+        s = cls.typed_settings(settings)
+        values = {**dict.fromkeys(s.knobs), "model_path": None,
+                  **s.vars, **extra, **cls.resolve(params, settings)}
         model = values.get("model")
         if variants and model in variants and "path" in variants[model]:
             values["model_path"] = variants[model]["path"]
-        return render_argv(settings["argv"], values)
+        return render_argv(s.argv, values)
 
     @classmethod
     def describe_launch(
@@ -227,22 +228,24 @@ class CommandEngine(Engine):
         argv = cls.build_argv(
             params, settings, variants, cls._builtins("TRIAL_DIR", workload or {})
         )
-        where = f" (in {settings['cwd']})" if settings.get("cwd") else ""
+        cwd = cls.typed_settings(settings).cwd
+        where = f" (in {cwd})" if cwd else ""
         return shlex.join(argv) + where
 
     @classmethod
     def export(cls, params: dict, settings: dict, variants: dict, out_dir: Path) -> list[Path]:
         """``command.json``: the winner's argv and environment, ready to run."""
         argv = cls.build_argv(params, settings, variants, cls._builtins(".", {}))
+        s = cls.typed_settings(settings)
         path = Path(out_dir) / "command.json"
         write_atomic(
             path,
             json.dumps(
                 {
                     "argv": argv,
-                    "cwd": settings.get("cwd"),
+                    "cwd": s.cwd,
                     "env": {
-                        **(settings.get("env") or {}),
+                        **s.env,
                         "AUTOTUNE_PARAMS": json.dumps(cls.resolve(params, settings)),
                     },
                 },
@@ -266,12 +269,12 @@ class CommandEngine(Engine):
         )
         env = {
             **os.environ,
-            **{str(k): str(v) for k, v in (self.settings.get("env") or {}).items()},
+            **{str(k): str(v) for k, v in self.opts.env.items()},
             "AUTOTUNE_PARAMS": json.dumps(self.resolve(self.params, self.settings)),
             "AUTOTUNE_WORKLOAD": json.dumps(workload),
         }
-        cwd = self.settings.get("cwd") or None
-        timeout = float(self.settings.get("timeout_s", DEFAULT_TIMEOUT_S))
+        cwd = self.opts.cwd or None
+        timeout = float(self.opts.timeout_s)
         self.workdir.mkdir(parents=True, exist_ok=True)
         out_path, err_path = self.workdir / "command.stdout", self.workdir / "command.stderr"
         self.info["argv"] = argv

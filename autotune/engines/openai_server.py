@@ -141,9 +141,10 @@ class OpenAIServerEngine(Engine):
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
-        out: dict[str, Any] = dict(settings.get("defaults") or {})
+        s = cls.typed_settings(settings)
+        out: dict[str, Any] = dict(s.defaults)
         if variants:
-            out.setdefault("model", settings.get("default_variant") or next(iter(variants)))
+            out.setdefault("model", s.default_variant or next(iter(variants)))
         return out
 
     @classmethod
@@ -170,16 +171,17 @@ class OpenAIServerEngine(Engine):
 
     @classmethod
     def resources(cls, params: dict, settings: dict) -> Resources:
-        return Resources(num_cpus=float(settings.get("num_cpus") or 1),
-                         num_gpus=float(settings.get("num_gpus", 0)))
+        s = cls.typed_settings(settings)
+        return Resources(num_cpus=float(s.num_cpus or 1), num_gpus=float(s.num_gpus))
 
     @classmethod
     def _placeholder_values(cls, params: dict, settings: dict, port: int, model_path: str,
                             workdir: str) -> dict[str, Any]:
         fixed = {k: v for k, v in settings.items() if not isinstance(v, dict)}
         name = cls.config_file_name(settings)
-        return {**(settings.get("vars") or {}), **fixed, **params, "port": port, "host": HOST, "model_path": model_path,
-                "python": settings.get("python") or sys.executable, "workdir": workdir,
+        s = cls.typed_settings(settings)
+        return {**s.vars, **fixed, **params, "port": port, "host": HOST, "model_path": model_path,
+                "python": s.python or sys.executable, "workdir": workdir,
                 "config_path": str(Path(workdir) / name) if name else ""}
 
     @classmethod
@@ -205,13 +207,13 @@ class OpenAIServerEngine(Engine):
                     workdir: str = ".") -> list[str]:
         """The server's argv for ``params`` (no shell is ever involved)."""
         values = cls._placeholder_values(params, settings, port, model_path, workdir)
-        return render_argv(settings.get("argv"), values, drop_empty=True)
+        return render_argv(cls.typed_settings(settings).argv, values, drop_empty=True)
 
     @classmethod
     def server_env(cls, params: dict, settings: dict, port: int, model_path: str,
                    workdir: str = ".") -> dict[str, str]:
         """Extra environment variables for the server (templated like argv)."""
-        env = settings.get("env") or {}
+        env = cls.typed_settings(settings).env
         values = cls._placeholder_values(params, settings, port, model_path, workdir)
         return {k: render_item(str(v), values) for k, v in env.items()}
 
@@ -220,7 +222,7 @@ class OpenAIServerEngine(Engine):
         p = cls.full_params(params, settings, variants)
         v = variants.get(p.get("model"), {}) if variants else {}
         model_path = v.get("path") or (f"<variant {p['model']}>" if p.get("model") else "")
-        port = int(settings.get("export_port", 8000))
+        port = int(cls.typed_settings(settings).export_port)
         argv = cls.server_argv(p, settings, port, model_path, ".")
         env = cls.server_env(p, settings, port, model_path, ".")
         lines = ["#!/usr/bin/env sh", "# Winner exported by autotune (engine openai_server)."]
@@ -277,30 +279,32 @@ class OpenAIServerEngine(Engine):
                 env={**os.environ, **env}, cwd=self.workdir,
             )
         self.info["server_pid"] = self.proc.pid
-        health = self.settings.get("health_path", self.default_health_path)
-        timeout = float(self.settings.get("startup_timeout_s", self.default_startup_timeout_s))
+        health = self.opts.health_path
+        health = self.default_health_path if health is None else health
+        timeout = self.opts.startup_timeout_s
+        timeout = float(self.default_startup_timeout_s if timeout is None else timeout)
         try:
             self.info["server_start_s"] = wait_healthy(self.base_url + health, timeout, self.proc,
                                                        self.log_path)
         except (RuntimeError, TimeoutError) as e:
             raise self._startup_failed(e) from e
-        self.model_name = self.settings.get("model_name") or served_model(self.base_url)
+        self.model_name = self.opts.model_name or served_model(self.base_url)
         self.info["served_model"] = self.model_name
 
     def _count_tokens(self, text: str) -> int:
-        return int(post_json(self.base_url, self.settings["count_path"],
+        return int(post_json(self.base_url, self.opts.count_path,
                              {"input": text, "model": self.model_name})["count"])
 
     def request_fields(self) -> dict:
         """Extra fields of every completion request (settings.request)."""
-        return dict(self.settings.get("request") or {})
+        return dict(self.opts.request)
 
     def generate(self, prompt: str, max_tokens: int, ignore_eos: bool = True) -> Generation:
-        count = self._count_tokens if self.settings.get("count_path") else None
+        count = self._count_tokens if self.opts.count_path else None
         try:
             gen, details = stream_completion(
                 self.base_url, prompt, max_tokens, model=self.model_name, ignore_eos=ignore_eos,
-                timeout_s=float(self.settings.get("request_timeout_s", 600)),
+                timeout_s=float(self.opts.request_timeout_s),
                 extra=self.request_fields(), count_tokens=count,
             )
         except RequestRejected as e:
@@ -333,7 +337,7 @@ class OpenAIServerEngine(Engine):
         proc = self.proc
         if proc is None:
             return
-        stop_server(proc, float(self.settings.get("stop_timeout_s", STOP_GRACE_S)))
+        stop_server(proc, float(self.opts.stop_timeout_s))
         self.info["server_exit_code"] = proc.returncode
         self.proc = None
 
