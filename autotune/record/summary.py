@@ -46,7 +46,7 @@ class Remeasurement:
     (where the driver copies it, under the same keys of ``summary.json``).
     """
 
-    remeasured: dict | None = None  # {"metric": NAME, "by_trial": {n: {median, ci95, n[, dropped]}}}
+    remeasured: Remeasured | None = None  # summary.json: {"metric", "by_trial": {n: row}}
     lead_within_noise: bool | None = None
     runner_up: int | None = None
     speedup: float | None = None
@@ -56,10 +56,7 @@ class Remeasurement:
 
     def remeasured_rows(self) -> list[RemeasuredRow]:
         """The side-by-side re-measurement, one row per trial, in the order it was stored."""
-        if not self.remeasured:
-            return []
-        return [RemeasuredRow(str(n), v["median"], tuple(v["ci95"]), v["n"], v.get("dropped", ""))
-                for n, v in self.remeasured["by_trial"].items()]
+        return list(self.remeasured.rows) if self.remeasured else []
 
     def noise_words(self, within: bool | None, *trials: int | None) -> str | None:
         """How a noise verdict on ``trials`` reads: "within noise", "outside noise", or, when a
@@ -67,9 +64,8 @@ class Remeasurement:
         :func:`~autotune.measure.stats.within_noise` cannot establish a lead), "not judged"."""
         if within is None:
             return None
-        by_trial = (self.remeasured or {}).get("by_trial") or {}
-        counts = [(by_trial.get(t) or by_trial.get(str(t)) or {}).get("n") for t in trials if t is not None]
-        few = min((n for n in counts if n is not None), default=None)
+        rows = [self.remeasured.row(t) for t in trials if t is not None] if self.remeasured else []
+        few = min((r.n for r in rows if r is not None), default=None)
         if within and few is not None and few < 2:
             return (f"not judged: {few} re-measured sample{'s' if few != 1 else ''} on a side; "
                     "raise select.rerun_repeats")
@@ -78,7 +74,7 @@ class Remeasurement:
     @property
     def remeasured_metric(self) -> str | None:
         """The metric the re-measurement compared (None if there was none)."""
-        return self.remeasured["metric"] if self.remeasured else None
+        return self.remeasured.metric if self.remeasured else None
 
 
 @dataclass(frozen=True)
@@ -92,6 +88,39 @@ class RemeasuredRow:
     n: int
     dropped: str = ""  # e.g. "broke ttft_p95_ms <= 200 (measured 203.1)"; empty: it stayed a candidate
 
+    def to_dict(self) -> dict[str, Any]:
+        """The row as ``summary.json`` holds it under its trial: ``{median, ci95, n[, dropped]}``."""
+        out: dict[str, Any] = {"median": self.median, "ci95": list(self.ci95), "n": self.n}
+        if self.dropped:
+            out["dropped"] = self.dropped
+        return out
+
+    @classmethod
+    def from_dict(cls, trial: int | str, data: dict[str, Any]) -> RemeasuredRow:
+        return cls(str(trial), data["median"], tuple(data["ci95"]), data["n"], data.get("dropped", ""))
+
+
+@dataclass(frozen=True)
+class Remeasured:
+    """The side-by-side re-measurement of one metric: a row per re-measured trial, in the order
+    ``choose_winner`` measured them (the order ``summary.json`` keeps)."""
+
+    metric: str
+    rows: tuple[RemeasuredRow, ...] = ()
+
+    def row(self, trial: int | str) -> RemeasuredRow | None:
+        """The row of trial ``trial`` (None if it was not re-measured)."""
+        return next((r for r in self.rows if r.trial == str(trial)), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "by_trial": {r.trial: r.to_dict() for r in self.rows}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Remeasured | None:
+        if data is None:
+            return None
+        return cls(data["metric"], tuple(RemeasuredRow.from_dict(n, v) for n, v in data["by_trial"].items()))
+
 
 @dataclass(frozen=True)
 class Verdict(Remeasurement):
@@ -104,12 +133,14 @@ class Verdict(Remeasurement):
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         for key in ("winner", "baseline_remeasured"):
             out[key] = dataclasses.asdict(out[key]) if out[key] is not None else None
+        out["remeasured"] = self.remeasured.to_dict() if self.remeasured else self.remeasured
         return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
         kw = {f.name: data.get(f.name) for f in dataclasses.fields(cls)}
         kw["winner"], kw["baseline_remeasured"] = _record(kw["winner"]), _record(kw["baseline_remeasured"])
+        kw["remeasured"] = Remeasured.from_dict(kw["remeasured"])
         return cls(**kw)
 
 
@@ -239,6 +270,8 @@ class StudySummary(Remeasurement):
                 continue
             if isinstance(value, (Record, PredictionError, Headroom)):
                 value = dataclasses.asdict(value)
+            elif isinstance(value, Remeasured):
+                value = value.to_dict()
             out[f.name] = value
         return out
 
@@ -259,6 +292,7 @@ class StudySummary(Remeasurement):
             kw["prediction"] = PredictionError(**kw["prediction"])
         if kw.get("headroom") is not None:
             kw["headroom"] = Headroom(**kw["headroom"])
+        kw["remeasured"] = Remeasured.from_dict(kw.get("remeasured"))
         return cls(**kw)
 
     @classmethod

@@ -28,6 +28,8 @@ from autotune.measure.stats import summarize
 from autotune.measure.stats import within_noise
 from autotune.objectives import get_metric
 from autotune.record.optuna_study import constraint_values
+from autotune.record.summary import Remeasured
+from autotune.record.summary import RemeasuredRow
 from autotune.record.summary import Verdict
 from autotune.search.select import rank
 from autotune.search.trials import Record
@@ -146,12 +148,12 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
     final = rank(pool, sel.rule, sel.metric, objectives, sel.weights)
     winner = final[0]
     samples = {n: _samples(sel.metric, *runs[n]) for n in runs}
-    table = {n: {"median": summarize(s).median, "ci95": [summarize(s).ci_low, summarize(s).ci_high],
-                 "n": len(s)} for n, s in samples.items()}
-    for n, rec in merged.items():  # why a re-measured candidate was not in the final ranking
-        if not rec.feasible:
-            table[n]["dropped"] = rec.broken() or rec.reason or "infeasible"
-    kw: dict = {"winner": winner, "remeasured": {"metric": sel.metric, "by_trial": table}}
+    rows = []
+    for n, s in samples.items():
+        stats, rec = summarize(s), merged[n]  # dropped: why it was not in the final ranking
+        dropped = "" if rec.feasible else rec.broken() or rec.reason or "infeasible"
+        rows.append(RemeasuredRow(str(n), stats.median, (stats.ci_low, stats.ci_high), len(s), dropped))
+    kw: dict = {"winner": winner, "remeasured": Remeasured(sel.metric, tuple(rows))}
     if baseline is not None and baseline.number in merged:
         kw["baseline_remeasured"] = merged[baseline.number]
     if len(final) > 1:

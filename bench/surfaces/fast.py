@@ -126,7 +126,7 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
         launched = sorted((r for r in recs if r.kind == trialslib.LAUNCHED), key=lambda r: r.number)
     trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics}
               for r in launched]
-    remeasured = sorted(int(n) for n in (verdict.remeasured or {}).get("by_trial", {}))
+    remeasured = sorted(int(r.trial) for r in verdict.remeasured_rows())
     winner = {} if verdict.winner is None else {"number": verdict.winner.number, "params": verdict.winner.params,
                                                 "remeasured": remeasured, "runs": driver.launcher.placement.runs - searched}
     return trials, time.monotonic() - t0, winner

@@ -34,6 +34,7 @@ from autotune.record.optuna_study import records
 from autotune.record.study_dirs import read_summary
 from autotune.record.summary import Headroom
 from autotune.record.summary import PredictionError
+from autotune.record.summary import Remeasured
 from autotune.record.summary import StudySummary
 from autotune.search.select import pareto_front
 from autotune.search.trials import Record
@@ -150,7 +151,7 @@ FULL = StudySummary(study="s", engine="fake", interrupted=False, n_trials=12, n_
                     stop_reason="stopped: 4 proposals in a row could not be launched",
                     prediction=PredictionError(n_memory=2, memory_error_pct_median=12.3, memory_error_pct_max=20.0,
                                                n_speed=3, speed_ratio_median=0.81, speed_over_bound=1),
-                    remeasured=REM, lead_within_noise=True, runner_up=0, speedup=1.2874,
+                    remeasured=Remeasured.from_dict(REM), lead_within_noise=True, runner_up=0, speedup=1.2874,
                     speedup_source="re-measured", speedup_within_noise=True)
 CASES = {
     "full": FULL,

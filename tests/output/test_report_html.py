@@ -55,13 +55,15 @@ def test_a_one_sample_verdict_reads_not_judged_in_both_reports():
 
     from autotune.output.report import render_summary
     from autotune.output.report_html import verdict_html
+    from autotune.record.summary import Remeasured
     from autotune.record.summary import StudySummary
     from autotune.search.trials import Record
 
     base = Record(0, {"a": 0}, {"decode_tps": 40.0}, violations={"run_ok": 0.0})
     win = Record(4, {"a": 7}, {"decode_tps": 90.0}, violations={"run_ok": 0.0})
-    rem = {"metric": "decode_tps", "by_trial": {"4": {"median": 90.0, "ci95": [90.0, 90.0], "n": 1},
-                                                "0": {"median": 40.0, "ci95": [40.0, 40.0], "n": 1}}}
+    rem = Remeasured.from_dict({"metric": "decode_tps",
+                                "by_trial": {"4": {"median": 90.0, "ci95": [90.0, 90.0], "n": 1},
+                                             "0": {"median": 40.0, "ci95": [40.0, 40.0], "n": 1}}})
     s = StudySummary(study="s", engine="command", interrupted=False, n_trials=5, n_feasible=5, baseline=base,
                      winner=win, remeasured=rem, speedup=2.25, speedup_source="re-measured side by side",
                      speedup_within_noise=True, lead_within_noise=True, runner_up=0)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from autotune.record.summary import PredictionError
+from autotune.record.summary import Remeasured
 from autotune.record.summary import StudySummary
 from autotune.record.summary import Verdict
 from autotune.record.summary import prediction_error
@@ -52,8 +53,9 @@ def test_prediction_error_against_measurements():
     (3, 3, None, None),
 ])
 def test_a_noise_verdict_on_one_sample_reads_not_judged(n_win, n_base, within, words):
-    rem = {"metric": "decode_tps", "by_trial": {4: {"median": 90.0, "ci95": [90.0, 90.0], "n": n_win},
-                                                0: {"median": 40.0, "ci95": [40.0, 40.0], "n": n_base}}}
+    rem = Remeasured.from_dict({"metric": "decode_tps",
+                                "by_trial": {4: {"median": 90.0, "ci95": [90.0, 90.0], "n": n_win},
+                                             0: {"median": 40.0, "ci95": [40.0, 40.0], "n": n_base}}})
     s = StudySummary(study="s", engine="command", interrupted=False, baseline=BASE, winner=WIN,
                      remeasured=rem, speedup=2.25, speedup_within_noise=within)
     assert s.noise_words(within, 4, 0) == words

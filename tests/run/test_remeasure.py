@@ -170,8 +170,8 @@ def test_the_winner_is_ranked_on_the_pooled_median_the_table_shows():
             for n, v in ((7, 66.0), (13, 65.0), (0, 47.0))]
     out = io.StringIO()
     verdict = choose_winner(cfg, ReplayLauncher(), Reporter(cfg, Console(file=out)), recs[:2], recs[2])
-    table = verdict.remeasured["by_trial"]
-    assert table[7]["median"] == 62.54 and table[13]["median"] == 65.01, table
+    table = verdict.remeasured
+    assert table.row(7).median == 62.54 and table.row(13).median == 65.01, table
     assert verdict.winner.number == 13 and verdict.runner_up == 7
-    assert verdict.winner.metrics["decode_tps"] == table[13]["median"]  # what the summary's table shows
+    assert verdict.winner.metrics["decode_tps"] == table.row(13).median  # what the summary's table shows
     assert verdict.speedup == pytest.approx(65.01 / 47.5)
