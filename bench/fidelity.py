@@ -122,7 +122,7 @@ def autotune_run(params: dict, workdir: str) -> tuple[list[dict], dict]:
     r = run_trial(spec)
     if r.status != "ok":
         raise RuntimeError(f"autotune trial {params}: {r.status} {r.reason}\n{r.log_tail}")
-    s = r.info["samples"]
+    s = r.samples
     rows = [
         {"prompt_tokens": p, "ttft_ms": t, "decode_tps": d}
         for p, t, d in zip(s["prompt_tokens"], s["ttft_ms"], s["decode_tps"], strict=True)

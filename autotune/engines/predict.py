@@ -82,6 +82,16 @@ class Prediction:
         return {"need_gb": list(self.need_gb), "have_gb": list(self.have_gb),
                 "decode_tps_upper": self.decode_tps_upper, "reads": reads}
 
+    @classmethod
+    def from_stored(cls, data: dict[str, Any] | None) -> Prediction | None:
+        """The prediction a launched trial kept (:meth:`stored`), back as a record; ``fits`` and
+        ``reason`` are not kept (a launched trial was predicted to fit or not known not to)."""
+        if data is None:
+            return None
+        return cls(need_gb=tuple(data.get("need_gb") or ()), have_gb=tuple(data.get("have_gb") or ()),
+                   decode_tps_upper=data.get("decode_tps_upper"),
+                   reads=tuple(DeviceRead.from_dict(r) for r in data.get("reads") or ()))
+
 
 def verdict(need: list[float], have: list[float], labels: list[str] | None = None,
             decode_tps_upper: float | None = None, reads: tuple[DeviceRead, ...] = ()) -> Prediction:

@@ -43,7 +43,8 @@ def search_levels(study_dir: Path, number: int) -> list[dict]:
         data = json.loads((Path(study_dir) / "trials" / f"{number:04d}" / "result.json").read_text())
     except (OSError, ValueError):
         return []
-    return list(((data.get("info") or {}).get("samples") or {}).get("search") or [])
+    samples = data.get("samples") or (data.get("info") or {}).get("samples") or {}  # older: in info
+    return list(samples.get("search") or [])
 
 
 def _curves(study_dir: Path, summary: StudySummary) -> list[tuple[str, int, list[dict]]]:

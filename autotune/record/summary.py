@@ -156,12 +156,11 @@ class PredictionError:
     speed_over_bound: int = 0  # trials faster than their predicted upper bound (+5%)
 
 
-def prediction_error(rows: list[tuple[dict, dict[str, float]]]) -> PredictionError | None:
-    """``rows``: (prediction attrs ``need_gb``/``decode_tps_upper``, measured metrics) per trial."""
+def prediction_error(rows: list[tuple[Prediction, dict[str, float]]]) -> PredictionError | None:
+    """``rows``: (the trial's pre-launch prediction, its measured metrics) per trial."""
     mem, ratio = [], []
     for pred, metrics in rows:
-        c = compare(Prediction(need_gb=tuple(pred.get("need_gb") or ()),
-                               decode_tps_upper=pred.get("decode_tps_upper")), metrics)
+        c = compare(pred, metrics)
         if "mem_pred_error_pct" in c:
             mem.append(abs(c["mem_pred_error_pct"]))
         if "decode_bound_ratio" in c:

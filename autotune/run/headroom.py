@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+from autotune.engines.predict import Prediction
 from autotune.engines.roofline import DeviceRead
 from autotune.engines.roofline import roofline
 from autotune.errors import ConfigError
@@ -73,25 +74,25 @@ def with_roofline(result: TrialResult, reads: list[dict], wl: WorkloadSpec) -> T
     if not result.ok or not reads:
         return result
     extra = roofline_metrics([DeviceRead.from_dict(r) for r in reads], result.metrics,
-                             result.info.get("samples") or {}, wl)
+                             result.samples, wl)
     return result.replace(metrics={**result.metrics, **extra}) if extra else result
 
 
-def bandwidth_text(reads: list[dict]) -> str:
+def bandwidth_text(reads: Sequence[DeviceRead]) -> str:
     """The devices read and their bandwidths: ``RAM 21.3 GB/s (read probe)``."""
     parts = []
-    for r in map(DeviceRead.from_dict, reads):
+    for r in reads:
         if r.weights_bytes > 0 or r.kv_bytes_per_ctx > 0:
             bw = f"{r.bandwidth_gbps:.1f} GB/s" if r.bandwidth_gbps else "unknown bandwidth"
             parts.append(f"{r.label} {bw}" + (f" ({r.source})" if r.source else ""))
     return ", ".join(parts)
 
 
-def why_unknown(engine: str, prediction: dict[str, Any] | None, metrics: dict[str, float]) -> str:
+def why_unknown(engine: str, prediction: Prediction | None, metrics: dict[str, float]) -> str:
     """One line: why a trial's metrics hold no ``roofline_pct`` ("" when they do)."""
     if "roofline_pct" in metrics:
         return ""
-    reads = (prediction or {}).get("reads") or []
+    reads = prediction.reads if prediction else ()
     if not reads:
         try:
             how = get_engine_class(engine).no_reads_hint
@@ -99,7 +100,7 @@ def why_unknown(engine: str, prediction: dict[str, Any] | None, metrics: dict[st
             how = ""
         return (f"roofline share unknown: the {engine} engine's prediction does not say how many "
                 f"bytes a decoded token reads{how}")
-    missing = [r["label"] for r in reads if not r.get("bandwidth_gbps")]
+    missing = [r.label for r in reads if not r.bandwidth_gbps]
     if missing:
         return (f"roofline share unknown: no bandwidth for {', '.join(missing)} (set "
                 "engine.settings.gpus[i].bandwidth_gbps or memory_bandwidth_gbps)")
@@ -108,7 +109,7 @@ def why_unknown(engine: str, prediction: dict[str, Any] | None, metrics: dict[st
     return "roofline share unknown: the trial kept no per-request token counts"
 
 
-def winner_headroom(engine: str, winner: Record | None, prediction: dict[str, Any] | None,
+def winner_headroom(engine: str, winner: Record | None, prediction: Prediction | None,
                     energy_note: str = "") -> Headroom | None:
     """The winner's :class:`Headroom` (its share of the re-measured decode_tps where re-measured:
     :func:`autotune.run.remeasure._merge` updates ``roofline_pct``)."""
@@ -121,7 +122,7 @@ def winner_headroom(engine: str, winner: Record | None, prediction: dict[str, An
                         energy_note=energy_note)
     return Headroom(round(m.get("roofline_pct", 100.0 * m["decode_tps"] / m["roofline_tps"]), 1),
                     round(m["roofline_tps"], 2),
-                    round(m["read_mb_per_token"], 2), bandwidth_text((prediction or {}).get("reads") or []),
+                    round(m["read_mb_per_token"], 2), bandwidth_text(prediction.reads if prediction else ()),
                     energy_j_per_token=energy, energy_note=energy_note)
 
 

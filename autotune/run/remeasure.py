@@ -93,7 +93,7 @@ def remeasure(launcher: Launcher, report: Reporter, configs: list[Record],
             report.remeasured(rec.number, rep, res)
             if res.ok:
                 out[rec.number][0].append(res.metrics)
-                out[rec.number][1].append(res.info.get("samples", {}))
+                out[rec.number][1].append(res.samples)
     return out
 
 

@@ -21,6 +21,8 @@ from dataclasses import field
 from typing import TYPE_CHECKING
 from typing import Any
 
+from autotune.engines.predict import Prediction
+
 if TYPE_CHECKING:
     import optuna
 
@@ -64,7 +66,7 @@ class TrialAttrs:
     (``times_s``: its phases, load, workload and quality, in s);
     ``params``: its decoded parameters; ``kind``: launched, rejected, duplicate or
     interrupted; ``prediction``: the engine's pre-launch estimate (``need_gb``,
-    ``have_gb``, ``decode_tps_upper``); ``role`` (baseline, enqueued, design, rerun),
+    ``have_gb``, ``decode_tps_upper``, ``reads``; stored as a mapping); ``role`` (baseline, enqueued, design, rerun),
     ``rerun_of`` and ``duplicate_of``: where the trial came from.
     """
 
@@ -76,7 +78,7 @@ class TrialAttrs:
     node: str = ""
     duration_s: float = 0.0
     times_s: dict[str, float] = field(default_factory=dict)  # phases: load, workload, quality
-    prediction: dict[str, Any] | None = None
+    prediction: Prediction | None = None
     role: str | None = None
     rerun_of: int | None = None
     duplicate_of: int | None = None
@@ -89,6 +91,6 @@ def trial_attrs(t: optuna.trial.FrozenTrial) -> TrialAttrs:
     return TrialAttrs(status=u.get("status"), reason=u.get("reason", ""), metrics=u.get("metrics", {}),
                       params=u.get("params"), kind=u.get("kind"), node=str(u.get("node", "")),
                       duration_s=float(u.get("duration_s") or 0.0), times_s=u.get("times_s") or {},
-                      prediction=u.get("prediction"),
+                      prediction=Prediction.from_stored(u.get("prediction")),
                       role=u.get("role"), rerun_of=u.get("rerun_of"), duplicate_of=u.get("duplicate_of"),
                       quality_from=u.get("quality_from"))

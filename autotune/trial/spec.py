@@ -57,13 +57,23 @@ class TrialSpec:
 
 @dataclass(frozen=True)
 class TrialResult:
-    """A finished trial. ``status`` is ok, failed, infeasible or timeout, with a reason."""
+    """What the trial worker process returns for one trial (``result.json``): ``status`` is ok,
+    failed, infeasible or timeout, with a reason. The driver tells it to Optuna, where it is
+    kept as the trial's :class:`~autotune.search.trials.TrialAttrs`, and reads it back as a
+    :class:`~autotune.search.trials.Record`.
+
+    ``samples``: the workload's raw per-request samples (``Engine.measure``'s second value:
+    ``decode_tps``, ``ttft_ms``, ``prompt_tokens``, ``output_tokens``, an SLO search's
+    ``search`` levels), pooled by the re-measurement and read by the roofline; ``info``: what
+    the engine says of itself (its ``info``, the energy counters' description).
+    """
 
     number: int
     status: Status
     metrics: dict[str, float] = field(default_factory=dict)
     reason: str = ""
     info: dict[str, Any] = field(default_factory=dict)
+    samples: dict[str, Any] = field(default_factory=dict)
     log_tail: str = ""
     duration_s: float = 0.0  # the whole trial, process start to exit (set by the runner)
     node: str = ""

@@ -68,8 +68,8 @@ def execute(spec: TrialSpec) -> TrialResult:
             metrics |= engine.quality(spec.quality)
             times["quality"] = time.perf_counter() - t
         return TrialResult(spec.number, "ok", metrics, info={
-            **engine.info, "samples": raw, "energy": meter.describe() if energy else no_energy
-            or "no output tokens counted"}, times_s=times)
+            **engine.info, "energy": meter.describe() if energy else no_energy
+            or "no output tokens counted"}, samples=raw, times_s=times)
     except InfeasibleConfig as e:
         return TrialResult(spec.number, "infeasible", reason=str(e), info=engine.info, times_s=times)
     except MemoryError:

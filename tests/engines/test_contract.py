@@ -159,8 +159,8 @@ class TestVLLMContract(EngineContract):
         m, wl = result.metrics, self.workload
         assert m["decode_tps"] > 0 and m["prefill_tps"] > 0 and 0 < m["ttft_p50_ms"] < 10_000
         assert result.info["token_count_source"] == "usage"
-        assert result.info["samples"]["output_tokens"] == [wl.max_tokens] * wl.repeats
-        assert all(n > 0 for n in result.info["samples"]["prompt_tokens"])
+        assert result.samples["output_tokens"] == [wl.max_tokens] * wl.repeats
+        assert all(n > 0 for n in result.samples["prompt_tokens"])
         assert "--no-enable-prefix-caching" in result.info["server_argv"]
         self.assert_server_gone(result.info["server_pid"], result.info["server_port"])
 

@@ -169,6 +169,6 @@ def test_exllamav2_real_trial(tmp_path: Path, extra: dict) -> None:
     result = run_trial(spec)
     assert result.status == "ok", result.reason + "\n" + result.log_tail
     assert result.metrics["decode_tps"] > 0 and result.metrics["vram_peak_gb"] > 0
-    assert result.info["samples"]["output_tokens"] == [32] * 3
+    assert result.samples["output_tokens"] == [32] * 3
     if "layer_skip_threshold" in extra:
         assert "skipped_layers" in result.info

@@ -43,7 +43,7 @@ def test_short_trial_metrics_are_sane(tmp_path, gemma_path):
     assert 0.75 < est / rss < 1.25, (est, rss)
     assert m["greedy_match"] == 1.0  # no drafter: identical by construction
     assert 5 < m["ppl"] < 60
-    samples = r.info["samples"]
+    samples = r.samples
     assert samples["output_tokens"] == [16, 16]
     assert all(90 <= t <= 100 for t in samples["prompt_tokens"])
     assert r.info["mem_estimate"]["kv_mb"] == pytest.approx(9.0)

@@ -154,7 +154,7 @@ def test_llama_cpp_server_real_trial(gemma_path: Path, tmp_path: Path, assert_se
     assert m["decode_tps"] > 1.0
     assert 0 < m["ttft_p50_ms"] < 30_000
     assert m["prefill_tps"] > 0  # prompt tokens from /extras/tokenize/count
-    assert result.info["samples"]["output_tokens"] == [max_tokens] * 3
+    assert result.samples["output_tokens"] == [max_tokens] * 3
     # llama-cpp-python sends no usage chunk: the count comes from finish_reason=length
     assert result.info["token_count_source"] == "length"
     assert_server_gone(result.info["server_pid"], result.info["server_port"])

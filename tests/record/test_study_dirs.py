@@ -75,7 +75,7 @@ def test_user_attrs_are_written_and_read_through_record_study():
     studylib.mark_launched(t2, {"x": 2}, None)
     st.tell(t2, 2.0)
     a, b = (trialslib.trial_attrs(x) for x in st.trials)
-    assert a.kind == trialslib.LAUNCHED and a.params == {"x": 1} and a.prediction["need_gb"] == [1.0]
+    assert a.kind == trialslib.LAUNCHED and a.params == {"x": 1} and a.prediction.need_gb == (1.0,)
     assert b.prediction is None and b.status is None and b.metrics == {} and b.reason == ""
     assert studylib.copied_attrs(st.trials[1]) == {"kind": "launched", "params": {"x": 2}}
     assert studylib.study_attr(st, studylib.FINGERPRINT) is None

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from autotune.engines.predict import Prediction
 from autotune.record.summary import PredictionError
 from autotune.record.summary import Remeasured
 from autotune.record.summary import StudySummary
@@ -34,15 +35,15 @@ def test_verdict_round_trips():
 
 
 def test_prediction_error_against_measurements():
-    rows = [({"need_gb": [0.5], "decode_tps_upper": 100.0}, {"peak_rss_mb": 1024.0, "decode_tps": 80.0}),
-            ({"need_gb": [2.0, 2.0], "decode_tps_upper": 50.0}, {"vram_peak_gb": 5.0, "decode_tps": 60.0}),
-            ({"decode_tps_upper": None}, {"decode_tps": 1.0})]
+    rows = [(Prediction(need_gb=(0.5,), decode_tps_upper=100.0), {"peak_rss_mb": 1024.0, "decode_tps": 80.0}),
+            (Prediction(need_gb=(2.0, 2.0), decode_tps_upper=50.0), {"vram_peak_gb": 5.0, "decode_tps": 60.0}),
+            (Prediction(decode_tps_upper=None), {"decode_tps": 1.0})]
     err = prediction_error(rows)
     assert err.n_memory == 2 and err.memory_error_pct_median == pytest.approx(35.0)
     assert err.memory_error_pct_max == pytest.approx(50.0)
     assert err.n_speed == 2 and err.speed_ratio_median == pytest.approx(1.0)
     assert err.speed_over_bound == 1  # 60 tok/s measured over a 50 tok/s "upper bound"
-    assert prediction_error([({}, {"decode_tps": 1.0})]) is None
+    assert prediction_error([(Prediction(), {"decode_tps": 1.0})]) is None
 
 
 @pytest.mark.parametrize("n_win, n_base, within, words", [

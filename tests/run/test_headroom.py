@@ -11,6 +11,7 @@ from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
 from autotune.engines.llamacpp.gguf_memory import read_gguf_metadata
 from autotune.engines.llamacpp.gguf_memory import read_gguf_tensors
 from autotune.engines.llamacpp.predict import predict_llamacpp
+from autotune.engines.predict import Prediction
 from autotune.engines.roofline import DeviceRead
 from autotune.engines.roofline import probe_ram_read_gbps
 from autotune.engines.roofline import roofline
@@ -45,7 +46,7 @@ def test_roofline_share_is_decode_speed_over_bandwidth_per_bytes_read(gemma_path
     limit = probe * 1e9 / by_hand
 
     samples = {"prompt_tokens": [100, 100, 100], "output_tokens": [32, 32, 32]}
-    result = TrialResult(1, "ok", {"decode_tps": 50.0}, info={"samples": samples})
+    result = TrialResult(1, "ok", {"decode_tps": 50.0}, samples=samples)
     out = with_roofline(result, [r.to_dict() for r in pred.reads], WorkloadSpec())
     assert out.metrics["read_mb_per_token"] == pytest.approx(by_hand / 2**20, rel=1e-9)
     assert out.metrics["roofline_tps"] == pytest.approx(limit, rel=1e-9)
@@ -60,7 +61,7 @@ def test_streams_decoded_together_share_the_weights():
     assert roofline([DeviceRead("GPU 0", 1e9, 0, None)], 10) is None  # bandwidth unknown
     wl = WorkloadSpec(load="slo", slo=SLOSpec(ttft_p95_ms=100))
     res = TrialResult(1, "ok", {"decode_tps": 2.0, "max_concurrency_at_slo": 4.0},
-                      info={"samples": {"prompt_tokens": [0], "output_tokens": [2000]}})
+                      samples={"prompt_tokens": [0], "output_tokens": [2000]})
     out = with_roofline(res, [r.to_dict() for r in reads], wl)
     assert out.metrics["read_mb_per_token"] == pytest.approx((1e9 + 4e8) / 2**20)
 
@@ -103,7 +104,8 @@ def test_the_summary_states_the_share_or_why_it_is_unknown():
     win = Record(3, {}, {"decode_tps": 40.0, "roofline_tps": 80.0, "roofline_pct": 50.0,
                          "read_mb_per_token": 300.0}, "ok", True)
     reads = [DeviceRead("RAM", 3e8, 0, 21.3, "read probe").to_dict()]
-    h = winner_headroom("llama_cpp", win, {"reads": reads}, "no energy counter readable here")
+    h = winner_headroom("llama_cpp", win, Prediction.from_stored({"reads": reads}),
+                        "no energy counter readable here")
     assert h.roofline_words() == ("the winner runs at 50% of this box's memory-bandwidth limit "
                                   "(300 MB read per decode step at RAM 21.3 GB/s (read probe): "
                                   "at most 80 tok/s per stream)")
@@ -113,7 +115,7 @@ def test_the_summary_states_the_share_or_why_it_is_unknown():
     blind = Record(1, {}, {"decode_tps": 40.0}, "ok", True)
     assert "does not say how many bytes" in winner_headroom("command", blind, None).note
     assert "engine.settings.predict" in why_unknown("command", None, {})
-    gpu = {"reads": [{"label": "GPU 0", "weights_bytes": 1.0, "kv_bytes_per_ctx": 0.0, "bandwidth_gbps": None}]}
+    gpu = Prediction(reads=(DeviceRead("GPU 0", 1.0, 0.0, None),))
     assert "no bandwidth for GPU 0" in why_unknown("llama_cpp", gpu, {"decode_tps": 1.0})
     assert Headroom(energy_j_per_token=0.5, energy_note="RAPL").energy_words() == (
         "energy 0.5 J per output token (RAPL)")

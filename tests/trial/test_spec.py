@@ -54,7 +54,7 @@ def test_a_slo_trial_runs_in_the_worker_process(tmp_path):
     assert result.status == "ok", result.reason + result.log_tail
     assert result.metrics["max_concurrency_at_slo"] == 1
     assert result.metrics["goodput_tps"] > 0
-    assert [r["level"] for r in result.info["samples"]["search"]][:2] == [1.0, 2.0]
+    assert [r["level"] for r in result.samples["search"]][:2] == [1.0, 2.0]
 
 
 @pytest.mark.parametrize(
