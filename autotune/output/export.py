@@ -33,7 +33,6 @@ from autotune._files import write_atomic
 
 if TYPE_CHECKING:
     from autotune.config.schema import Config
-    from autotune.engines.base import Engine
     from autotune.record.summary import StudySummary
     from autotune.search.space import Space
     from autotune.search.trials import Record
@@ -89,20 +88,14 @@ def _referenced_variants(cfg: Config, space: Space, params: dict[str, Any]) -> l
                               if isinstance(full[k], str) and full[k] in cfg.engine.variants))
 
 
-def export_reasons(engine: type[Engine], files: list[Path]) -> list[str]:
-    """What would stop an exported file from running as it is: the engine's own check
-    (:meth:`~autotune.engines.base.Engine.check_export`), which may also write WARNING
-    comments into the files."""
-    return engine.check_export(files)
-
-
 def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any],
                  label: str) -> tuple[list[Path], list[str]]:
     """The engine's own files for one configuration, naming real model files; (files, notes).
 
     Shipped and made variants resolve to their cached files (made now if missing). Every
-    file is then checked (:func:`export_reasons`); what does not hold is written into the
-    file as a comment and returned as a note for the summary.
+    file is then checked by the engine (:meth:`~autotune.engines.base.Engine.check_export`:
+    what would stop it from running as it is); what does not hold is written into the file as
+    a comment and returned as a note for the summary.
     """
     from autotune.engines.variants import export_variants
     from autotune.engines.variants import variant_origin
@@ -117,7 +110,7 @@ def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any
     for f in files:
         if f.suffix in (".sh", ".yml", ".yaml"):
             insert_comments(f, origin)
-    return files, notes + export_reasons(space.engine, files)
+    return files, notes + space.engine.check_export(files)
 
 
 def write_all(out_dir: Path, cfg: Config, space: Space, front: list[Record], winner: Record | None,

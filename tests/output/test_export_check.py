@@ -8,7 +8,6 @@ from pathlib import Path
 
 from autotune._files import insert_comments
 from autotune.engines.base import Engine
-from autotune.output.export import export_reasons
 from autotune.registry import get_engine_class
 
 SCRIPT = ("#!/usr/bin/env sh\n# Winner exported by autotune.\n"
@@ -26,7 +25,7 @@ def _llama_files(out: Path, model: str) -> list[Path]:
 def test_llamacpp_checks_its_script_and_kwargs_and_writes_the_warnings_in(tmp_path):
     model = str(tmp_path / "gone.gguf")
     files = _llama_files(tmp_path, model)
-    notes = export_reasons(get_engine_class("llamacpp"), files)
+    notes = get_engine_class("llamacpp").check_export(files)
     assert notes[0] == f"llama_cpp_kwargs.json: model_path {model} does not exist"
     assert any(n.startswith("llama-server.sh: --bogus-flag is not a llama-server flag")
                for n in notes)
