@@ -31,6 +31,7 @@ from autotune.record.study_dirs import read_config
 if TYPE_CHECKING:
     from autotune.config.schema import Config
     from autotune.output.report import Reporter
+    from autotune.record.summary import StudySummary
 
 START_TIMEOUT_S = 180.0
 STUDY_HELP = "a study directory (default: the newest under ./studies); a bare name means studies/NAME"
@@ -84,16 +85,21 @@ def study_started(cfg: Config) -> Path:
     return running
 
 
-def after_run(cfg: Config, reporter: Reporter) -> None:
-    """Write the HTML report and log it to the MLflow parent run; never fails the run."""
-    from autotune.output.report_html import write_report
+def after_run(cfg: Config, reporter: Reporter, summary: StudySummary, parent_run: str | None) -> None:
+    """Write the HTML report and log it to the MLflow parent run ``parent_run``; never fails the
+    run. Fed from the run's config and summary in memory; the trials from the study's storage."""
+    from autotune.output.report_html import render_report
+    from autotune.record.mlflow_view import log_report
+    from autotune.record.study_dirs import load_study
 
     if not cfg.report.enabled:
         return
+    path = Path(cfg.study.dir)
     try:
-        files = write_report(Path(cfg.study.dir), Path(cfg.study.dir) / "report", png=cfg.report.png)
+        files = render_report(cfg, load_study(path, cfg), summary, path, path / "report", png=cfg.report.png)
         reporter.note("report: " + ", ".join(str(f) for f in files if f.suffix == ".html"))
-        _log_report(Path(cfg.study.dir), files)
+        if cfg.tracking.enabled and parent_run:
+            log_report(_absolute_uri(cfg.tracking.uri), parent_run, files)
     except Exception as e:  # noqa: BLE001 - the study itself is done and exported
         reporter.warn(f"the report could not be written: {e}")
 

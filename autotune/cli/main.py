@@ -147,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 placement.shutdown()
             stop.install()  # ray.shutdown leaves SIGTERM at its default: a stop now still exports
             (Path(cfg.study.dir) / RUNNING_FILE).unlink(missing_ok=True)  # we hold the study's lock
-        after_run(cfg, reporter)
+        after_run(cfg, reporter, summary, tracker.parent_id if tracker else None)
     finally:
         lock.release()
     return stop.exit_code(driver.stopped) if summary.interrupted or stop.received() else 0

@@ -114,11 +114,10 @@ def write_native(out_dir: Path, cfg: Config, space: Space, params: dict[str, Any
 
 
 def write_all(out_dir: Path, cfg: Config, space: Space, front: list[Record], winner: Record | None,
-              summary: StudySummary) -> list[Path]:
-    """Everything at once; returns the files written.
-
-    The notes of the export checks are added to the summary's warnings in ``summary.json``.
-    """
+              summary: StudySummary) -> tuple[list[Path], StudySummary]:
+    """Everything at once; returns the files written and the summary as ``summary.json`` holds
+    it: the notes of the export checks added to its warnings (what MLflow, the console and
+    the report are then fed from)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files = write_pareto(out_dir, front, [o.metric for o in cfg.objectives])
     notes: list[str] = []
@@ -132,9 +131,10 @@ def write_all(out_dir: Path, cfg: Config, space: Space, front: list[Record], win
                                      f"Winner of study {cfg.study.name}: trial {winner.number}")
         files += native
     spath = out_dir / "summary.json"
-    write_atomic(spath, summary.with_warnings(notes).to_json())
+    summary = summary.with_warnings(notes)
+    write_atomic(spath, summary.to_json())
     files.append(spath)
-    return files
+    return files, summary
 
 
 def export_trial(path: Path, number: int | None, out: Path | None) -> tuple[list[Path], list[str]]:

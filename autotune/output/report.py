@@ -202,11 +202,9 @@ class Reporter:
         self._advance()
 
     def summary(self, s: StudySummary, files: list[Path]) -> None:
-        """The end-of-study table (``summary.json`` wins: it holds the export checks' notes)."""
+        """The end-of-study table of ``s`` (the summary ``summary.json`` holds, export notes included)."""
         self.close()
-        on_disk = next((f for f in files if Path(f).name == "summary.json" and Path(f).exists()), None)
-        render_summary(self.console, StudySummary.load(on_disk) if on_disk else s, self.cfg.select.metric,
-                       files)
+        render_summary(self.console, s, self.cfg.select.metric, files)
 
 
 def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path]) -> None:

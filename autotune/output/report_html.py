@@ -36,6 +36,7 @@ from autotune.search.trials import broken_text
 from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
+    from autotune.config.schema import Config
     from autotune.record.optuna_study import TrialAttrs
     from autotune.record.summary import StudySummary
 
@@ -240,13 +241,19 @@ tr.failed td,tr.timeout td{background:#fde8e8}tr.infeasible td{background:#fff6d
 
 
 def write_report(path: Path, out: Path, png: bool = True) -> list[Path]:
-    """Write ``report.html`` (and ``<plot>.png`` files) for the study in ``path``; returns them."""
+    """Write ``report.html`` (and ``<plot>.png`` files) for the study stored in ``path``, from its
+    ``config.yaml``, Optuna storage and ``summary.json`` (``autotune report``); returns them."""
+    config = read_config(path)
+    return render_report(config, load_study(path, config), read_summary(path), path, out, png)
+
+
+def render_report(config: Config, study: optuna.Study, summary: StudySummary | None, path: Path,
+                  out: Path, png: bool = True) -> list[Path]:
+    """Write the report of ``study`` from its config and summary as given (in memory at the end
+    of a run); ``path``: the study directory (each trial's ``result.json`` for the load curve)."""
     import plotly.offline
 
-    config = read_config(path)
-    study = load_study(path, config)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # "no feasible trials" is in the page
-    summary = read_summary(path)
     objectives = [o.metric for o in config.objectives]
     metric = config.select.metric
     winner = summary.winner if summary else None

@@ -127,8 +127,9 @@ def finish(d: Driver, study: optuna.Study, interrupted: bool,
            elapsed: float) -> tuple[StudySummary, KeyboardInterrupt | None]:
     """Re-measure (unless the study was interrupted), summarise, export, tell MLflow, print.
 
-    Returns the summary and the stop that cut the re-measurement short (else ``d.stopped``):
-    the search's winner is exported then."""
+    Returns the summary (as ``summary.json`` holds it, with the export checks' notes: what
+    MLflow, the console and the report after the run read) and the stop that cut the
+    re-measurement short (else ``d.stopped``): the search's winner is exported then."""
     recs = studylib.records(study)
     stopped, verdict = d.stopped, Verdict()
     try:
@@ -139,7 +140,8 @@ def finish(d: Driver, study: optuna.Study, interrupted: bool,
         d.placement.stop_all([])  # the re-measurement's trial in flight, on our own Ray
         d.report.warn(f"interrupted ({stop.name(e)}) while re-measuring: exporting the search's winner")
     summary = summarize(d, study, recs, verdict, interrupted, elapsed)
-    files = export.write_all(d.dir, d.cfg, d.space, candidates(d.cfg, recs)[1], summary.winner, summary)
+    files, summary = export.write_all(d.dir, d.cfg, d.space, candidates(d.cfg, recs)[1], summary.winner,
+                                      summary)
     storage.backup(d.cfg.storage_url)
     if d.tracker:
         d.tracker.finish(summary, files, "KILLED" if interrupted else "FINISHED")

@@ -31,7 +31,12 @@ LAUNCHED, REJECTED, DUPLICATE, INTERRUPTED = "launched", "rejected", "duplicate"
 
 @dataclass(frozen=True)
 class Record:
-    """A finished trial as the exporter and selector see it."""
+    """A finished trial as the selector, exporter and reports see it: read back from the Optuna
+    storage (the trial's :class:`TrialAttrs` and its told constraints), feasibility decided.
+
+    Not :class:`~autotune.trial.spec.TrialResult` (what the worker process returned, with its
+    raw samples and engine info) nor :class:`TrialAttrs` (what is kept in the storage).
+    """
 
     number: int
     params: dict[str, Any]

@@ -117,7 +117,7 @@ def test_mlflow_runs_match_the_optuna_trials(study):
             assert any(a.path == "trial.log" for a in client.list_artifacts(run.info.run_id))
     assert client.get_run(parent).info.status == "FINISHED"
     names = {a.path for a in client.list_artifacts(parent)}
-    assert {"config.yaml", "space.txt", "pareto.json", "summary.json"} <= names
+    assert {"config.yaml", "space.txt", "pareto.json", "summary.json", "report"} <= names  # report/ after the run
 
 
 def test_best_yaml_is_a_usable_preset(study):

@@ -35,7 +35,8 @@ def test_write_all_produces_every_file(tmp_path):
               "n_ctx": 1024, "flash_attn": True, "type_k": "q8_0", "type_v": "q8_0"}
     win = Record(3, params, {"decode_tps": 90.0, "ttft_p95_ms": 120.0})
     summary = StudySummary(study="s", engine="llamacpp", interrupted=False, winner=win)
-    files = write_all(tmp_path, cfg, space, [win], win, summary)
+    files, written = write_all(tmp_path, cfg, space, [win], win, summary)
+    assert written == StudySummary.load(tmp_path / "summary.json")
     names = {f.name for f in files}
     assert {"pareto.json", "pareto.csv", "best.yaml", "llama-server.sh", "llama_cpp_kwargs.json", "summary.json"} <= names
     rows = list(csv.DictReader((tmp_path / "pareto.csv").open()))
