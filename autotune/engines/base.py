@@ -21,6 +21,7 @@ adding an engine; :mod:`autotune.testing.engine_contract` is the conformance sui
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from dataclasses import dataclass
 from dataclasses import field
@@ -149,13 +150,13 @@ class Engine:
 
         The hooks read their settings from this frozen record (``s.num_cpus``); the mapping
         itself still carries the knobs fixed in ``settings`` (:meth:`fixed_params`). It was
-        checked by :meth:`validate_settings` before any trial, so building it raises nothing new.
+        checked by :meth:`validate_settings` before any trial, so the record is built from the
+        values as given (cheap: a hook may run for every configuration of the search's pool).
         """
         if isinstance(settings, cls.settings_schema):
             return settings
-        own = set(cls.setting_names())
-        return build_section(cls.settings_schema, {k: v for k, v in settings.items() if k in own},
-                             "engine.settings")
+        own = _field_names(cls.settings_schema)
+        return cls.settings_schema(**{k: v for k, v in settings.items() if k in own})
 
     @classmethod
     def preflight(cls, settings: dict, build: bool = True) -> list[str]:
@@ -356,6 +357,12 @@ class Engine:
 
     def stop(self) -> None:
         """Release everything start() acquired; safe to call after a failed or no start."""
+
+
+@functools.cache
+def _field_names(schema: type) -> frozenset[str]:
+    """The field names of a settings schema, once per class."""
+    return frozenset(f.name for f in dataclasses.fields(schema))
 
 
 def _load(target: str) -> Any:
