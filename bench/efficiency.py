@@ -118,6 +118,13 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "nocover": {"design": {"COVER": False}},  # issue 41: the design without the level coverage
     "cover4": {"design": {"COVER_MAX": 4}},
     "coverspread": {"design": {"COVER_NEAR": False}},  # covering points spread (maximin), not near trial 0
+    # issue 41 items 3-4: the local search after the design (autotune.search.local) and a lazy cover
+    "edge": {"local": {"EDGE": True}},  # edge probes (bisection toward a crash/constraint edge), every 2nd ask
+    "edge1": {"local": {"EDGE": True, "EVERY": 1}},  # ... on every model ask where one exists
+    "trust": {"local": {"TRUST": True}},  # a trust region around the best 2 feasible, every 2nd ask
+    "edgetrust": {"local": {"EDGE": True, "TRUST": True}},  # edge probes, else the trust region
+    "lazycover": {"design": {"COVER_LAZY": True}},  # no prior: cover within the design, the rest by bo
+    "lazyedge": {"design": {"COVER_LAZY": True}, "local": {"EDGE": True}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"

@@ -69,6 +69,12 @@ NO_PRIOR_STARTUP = 4
 COVER = True
 COVER_MAX = 8
 COVER_NEAR = True  # without a prior: the holder nearest trial 0 (False: farthest from all queued)
+# A lazy cover without a prior (COVER_LAZY): the design covers only as many targets as its own
+# n points hold (covering points replace spread ones, the startup is not lengthened), and bo
+# shows each level still missing on every second model ask, the holder its acquisition ranks
+# first (plausible values for the other knobs by what was measured, not by nearness to trial
+# 0): every level and branch is shown by trial n_startup + 2 x (levels left).
+COVER_LAZY = False
 _ON, _OFF = "<active>", "<inactive>"
 
 
@@ -240,7 +246,8 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
     bound = {config_key(params): upper for params, fits, upper in screened if fits}
     fast = set(bound)
     ranked_by_bound = ranks_by_speed(list(bound.values()))
-    cover = covering(space, pool, queued, bound if ranked_by_bound else None) if COVER else []
+    cap = min(COVER_MAX, n) if COVER_LAZY and not ranked_by_bound else COVER_MAX
+    cover = covering(space, pool, queued, bound if ranked_by_bound else None, cap) if COVER else []
     if cover:
         keys = {config_key(c) for c in cover}
         pool = [c for c in pool if config_key(c) not in keys]
