@@ -121,10 +121,14 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     # issue 41 items 3-4: the local search after the design (autotune.search.local) and a lazy cover
     "edge": {"local": {"EDGE": True}},  # edge probes (bisection toward a crash/constraint edge), every 2nd ask
     "edge1": {"local": {"EDGE": True, "EVERY": 1}},  # ... on every model ask where one exists
+    "edge4": {"local": {"EDGE": True, "EVERY": 4}},  # ... on every 4th model ask
+    "edgem": {"local": {"EDGE": True, "MEASURED": True}},  # only measured (or refused) bad values are edges
+    "edgem4": {"local": {"EDGE": True, "MEASURED": True, "EVERY": 4}},
     "trust": {"local": {"TRUST": True}},  # a trust region around the best 2 feasible, every 2nd ask
     "edgetrust": {"local": {"EDGE": True, "TRUST": True}},  # edge probes, else the trust region
     "lazycover": {"design": {"COVER_LAZY": True}},  # no prior: cover within the design, the rest by bo
     "lazyedge": {"design": {"COVER_LAZY": True}, "local": {"EDGE": True}},
+    "lazytrust": {"design": {"COVER_LAZY": True}, "local": {"TRUST": True}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"

@@ -43,6 +43,7 @@ EVERY = 2  # every EVERY-th model ask is a local turn (1: every ask)
 CENTRES = 2  # the best measured-feasible points the local search starts from
 CLIFF = 0.5  # a measured speed below CLIFF x the centre's counts as past an edge (a spill)
 PF_EDGE = 0.5  # a predicted probability of feasibility below this counts as past an edge
+MEASURED = False  # True: only a measured bad value (or a refused one) is an edge, not a predicted one
 # Whether a probe's direction must be uphill by the model's mean. Off: toward the first bad
 # value is taken as uphill (what fits is what is fast, up to the edge), and the acquisition
 # ranks the probes.
@@ -135,7 +136,7 @@ def _bad(k: Known, cliff: float) -> bool:
         return True
     if k.measured:
         return k.value is None or k.value < cliff
-    return k.p_feasible < PF_EDGE
+    return not MEASURED and k.p_feasible < PF_EDGE
 
 
 def near(X: np.ndarray, rows: np.ndarray, centres: np.ndarray, radius: float = TRUST_RADIUS) -> np.ndarray:
