@@ -306,8 +306,12 @@ class PoolSampler(optuna.samplers.BaseSampler):
         if not missing:
             return []
         told = {config_key(c) for c in shown}
-        rows = [i for i, c in enumerate(self.pool.params)
-                if any(design.shows(c, t) for t in missing[:1]) and self.pool.keys[i] not in told]
+        rows: list[int] = []
+        for target in missing:  # the first level that a free, launchable configuration holds
+            rows = [i for i, c in enumerate(self.pool.params)
+                    if design.shows(c, target) and self.pool.keys[i] not in told]
+            if rows:
+                break
         if len(rows) > 2000:
             rows = self._rng.choice(rows, 2000, replace=False).tolist()
         return rows
