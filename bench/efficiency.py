@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     truths = {s: load(s, launchable=not fams) for s in surfaces}
     variants = [v for v in args.variant.split(",") if v] or [""]
     for v in variants:
-        if v not in ("base", *VARIANTS):
+        if v not in ("", "base", *VARIANTS):
             ap.error(f"--variant: unknown {v!r}; choose from base, {', '.join(VARIANTS)}")
         if v and not args.fast:
             ap.error("--variant: only with --fast (the CLI runs the product's defaults)")

@@ -230,14 +230,15 @@ def covering(space: Space, pool: list[dict[str, Any]], queued: list[dict[str, An
 
 def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str, Any]],
                    screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
-                   fast_part: float = 1.0) -> list[dict[str, Any]]:
+                   fast_part: float = 1.0, lazy: bool = False) -> list[dict[str, Any]]:
     """Up to ``n`` valid, distinct, spread-out configurations, none equal to one in ``queued``,
     after the :func:`covering` ones (more than ``n`` when the levels to show need more).
 
     ``screen(params)`` returns (may run, predicted decode tok/s upper bound or None). When the
     bound is known for every point, ``fast_part`` of the design is picked among the fastest-
     predicted third of the fitting points (the rest among all of them), and the design is
-    ordered by the bound, highest first.
+    ordered by the bound, highest first. ``lazy``: the sampler shows what the design leaves
+    unshown (a single-objective ``bo`` search: see COVER_LAZY).
     """
     if n <= 0:
         return []
@@ -246,7 +247,7 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
     bound = {config_key(params): upper for params, fits, upper in screened if fits}
     fast = set(bound)
     ranked_by_bound = ranks_by_speed(list(bound.values()))
-    cap = min(COVER_MAX, n) if COVER_LAZY and not ranked_by_bound else COVER_MAX
+    cap = min(COVER_MAX, n) if lazy and COVER_LAZY and not ranked_by_bound else COVER_MAX
     cover = covering(space, pool, queued, bound if ranked_by_bound else None, cap) if COVER else []
     if cover:
         keys = {config_key(c) for c in cover}

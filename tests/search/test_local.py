@@ -161,7 +161,8 @@ def test_a_lazy_cover_keeps_the_design_short_and_shows_every_level_by_the_model(
     always = lambda p: (True, None)  # noqa: E731
     assert len(startup_design(space, 1, 0, [base], always)) == 2  # eager: both missing modes
     monkeypatch.setattr(design, "COVER_LAZY", True)
-    short = startup_design(space, 1, 0, [base], always)
+    assert len(startup_design(space, 1, 0, [base], always)) == 2  # tpe, gp: no lazy turns, eager
+    short = startup_design(space, 1, 0, [base], always, lazy=True)
     assert len(short) == 1
     study = _study(cfg, space)
     for p in (base, *short, {"mem": 20, "mode": short[0]["mode"], "batch": 2}):
