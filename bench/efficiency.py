@@ -128,7 +128,8 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "edgem4": {"local": {"EDGE": True, "MEASURED": True, "EVERY": 4}},
     "trust": {"local": {"TRUST": True}},  # a trust region around the best 2 feasible, every 2nd ask
     "edgetrust": {"local": {"EDGE": True, "TRUST": True}},  # edge probes, else the trust region
-    "lazycover": {"design": {"COVER_LAZY": True}},  # no prior: cover within the design, the rest by bo
+    "lazycover": {"design": {"COVER_LAZY": True}},  # no prior: cover within the design, the rest by bo (default)
+    "eagercover": {"design": {"COVER_LAZY": False}},  # the design covers every level itself (before)
     "lazyedge": {"design": {"COVER_LAZY": True}, "local": {"EDGE": True}},
     "lazytrust": {"design": {"COVER_LAZY": True}, "local": {"TRUST": True}},
 }
