@@ -18,7 +18,15 @@ done here, on some of its asks (:func:`turn`), from the best few measured-feasib
 * **The trust region.** The candidates within ``TRUST_RADIUS`` (feature space) of the best
   ``CENTRES`` measured-feasible points, so a good region found late is refined, not left.
 
-Both are off unless switched on (``EDGE``, ``TRUST``; bench/efficiency.py ``--variant``).
+Both are off unless switched on (``EDGE``, ``TRUST``; bench/efficiency.py ``--variant``). On the
+tune instances (bench/efficiency.py --families all --split tune --seeds 6 --modes none, 20
+trials; bench/results/efficiency.txt "2026-11-27, issue 41 items 3-4") neither earned a place:
+studies at 95% by trial 20, of 40, the default 24, edge probes every second ask 20 (every
+fourth 23; measured edges only, 10 of 19 against 12), the trust region 24 (vllm_h100 +1,
+cpu_7b -1), the trust region with the lazy cover 25 (the lazy cover alone 25). The probes
+land where the model already looks on the families it solves, and on the MoE and vLLM
+families the edge that matters moves with a choice made elsewhere (the quant, the speculative
+method), so bisecting one knob from the best point found so far pins the wrong edge.
 """
 
 from __future__ import annotations
