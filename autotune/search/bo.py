@@ -271,7 +271,9 @@ class PoolSampler(optuna.samplers.BaseSampler):
                                       row, pending, np.vstack([Xc, pending]), seed)
         log_pf, log_pf_p = log_pf[: len(Xc)], log_pf[len(Xc):]
         if not feasible.any():  # nothing feasible yet: the likeliest feasible, faster first
-            return pool.params[int(cand[np.argmax(log_pf + 1e-3 * mu)])]
+            likely = log_pf + 1e-3 * mu
+            shown = _pick(cand, likely, cover)  # a level still missing is shown all the same
+            return pool.params[int(shown if shown is not None else cand[np.argmax(likely)])]
         best = float(np.max((gp.fitted.predict(pool.X[rows_s]) + prior[rows_s])[feasible[sel]]))
         if not len(rows_p) or self.batch == "believer":
             acq = batchlib.log_ei(mu, sd, best)
@@ -322,10 +324,9 @@ class PoolSampler(optuna.samplers.BaseSampler):
               p_feasible: np.ndarray, logged: bool) -> int | None:
         """The pool row a cover or local turn proposes (None: the model's own choice)."""
         pool = self.pool
-        if cover:
-            mask = np.isin(cand, cover)
-            if mask.any():
-                return int(cand[np.flatnonzero(mask)[np.argmax(score[mask])]])
+        shown = _pick(cand, score, cover)
+        if shown is not None:
+            return shown
         if not lines or not len(centres):
             return None
         where = {int(r): i for i, r in enumerate(cand)}
@@ -445,6 +446,12 @@ class PoolSampler(optuna.samplers.BaseSampler):
             mu, sd = self._gp("runs", X, ran, seed, pending).predict(Xf)
             out += norm.logcdf(mu / sd)
         return out
+
+
+def _pick(cand: np.ndarray, score: np.ndarray, rows: list[int]) -> int | None:
+    """The pool row among ``rows`` that ``cand`` holds with the highest ``score`` (None: none)."""
+    mask = np.isin(cand, rows) if rows else np.zeros(len(cand), dtype=bool)
+    return int(cand[np.flatnonzero(mask)[np.argmax(score[mask])]]) if mask.any() else None
 
 
 def _front_rows(Y: np.ndarray, feasible: np.ndarray) -> np.ndarray:

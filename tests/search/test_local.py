@@ -23,7 +23,7 @@ from autotune.trial.spec import TrialResult
 EDGE_AT = 26  # the largest ``mem`` that runs
 
 
-def _config():
+def _config(constraints=()):
     return load_config({
         "engine": {"kind": "command", "settings": {
             "argv": ["x", "{mem}"],
@@ -35,6 +35,7 @@ def _config():
                   "mode": {"type": "categorical", "choices": ["x", "y", "z"]},
                   "batch": {"type": "categorical", "choices": [1, 2, 4, 8]}},
         "objectives": ["decode_tps"],
+        "constraints": list(constraints),
         "quality": {"enabled": False},
     })
 
@@ -159,10 +160,12 @@ def test_a_trust_region_turn_stays_near_the_best_points(monkeypatch):
         seen.append((p, p["mem"] <= EDGE_AT))
 
 
-def test_a_lazy_cover_keeps_the_design_short_and_shows_every_level_by_the_model(monkeypatch):
+@pytest.mark.parametrize("constraints", [(), ("decode_tps >= 1000",)])
+def test_a_lazy_cover_keeps_the_design_short_and_shows_every_level_by_the_model(monkeypatch, constraints):
     """Without a prior a lazy cover does not lengthen the design (a 1-point design shows one
-    missing level, not two); bo shows the level still missing on its first model ask."""
-    cfg = _config()
+    missing level, not two); bo shows the level still missing on its first model ask, also
+    while nothing measured is feasible (a bound no configuration meets)."""
+    cfg = _config(constraints)
     space = compile_space(cfg)
     base = {"mem": 0, "mode": "x", "batch": 1}
     always = lambda p: (True, None)  # noqa: E731
