@@ -38,6 +38,8 @@ autotune's own re-measurement defaults (bench/results/exported.txt).
     python bench/efficiency.py --fast --families all --split tune --seeds 10 --modes none \
         --methods default,random,tpe,gp --jobs 1     # issue 41: instances of the surface families
     python bench/efficiency.py --smoke --families all  # the families' truths in smoke size
+    python bench/efficiency.py --fast --families all --split tune --seeds 6 --modes none \
+        --methods default --variant base,lazycover,edge --jobs 1   # variants side by side
 
 ``--families`` (bench/surfaces/instances.py): each surface, and the MoE one, as a family of instances
 (bench/surfaces/families.py), instance seeds of ``--split tune`` (1000-) or ``report``
@@ -118,6 +120,18 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "nocover": {"design": {"COVER": False}},  # issue 41: the design without the level coverage
     "cover4": {"design": {"COVER_MAX": 4}},
     "coverspread": {"design": {"COVER_NEAR": False}},  # covering points spread (maximin), not near trial 0
+    # issue 41 items 3-4: the local search after the design (autotune.search.local) and a lazy cover
+    "edge": {"local": {"EDGE": True}},  # edge probes (bisection toward a crash/constraint edge), every 2nd ask
+    "edge1": {"local": {"EDGE": True, "EVERY": 1}},  # ... on every model ask where one exists
+    "edge4": {"local": {"EDGE": True, "EVERY": 4}},  # ... on every 4th model ask
+    "edgem": {"local": {"EDGE": True, "MEASURED": True}},  # only measured (or refused) bad values are edges
+    "edgem4": {"local": {"EDGE": True, "MEASURED": True, "EVERY": 4}},
+    "trust": {"local": {"TRUST": True}},  # a trust region around the best 2 feasible, every 2nd ask
+    "edgetrust": {"local": {"EDGE": True, "TRUST": True}},  # edge probes, else the trust region
+    "lazycover": {"design": {"COVER_LAZY": True}},  # no prior: cover within the design, the rest by bo (default)
+    "eagercover": {"design": {"COVER_LAZY": False}},  # the design covers every level itself (before)
+    "lazyedge": {"design": {"COVER_LAZY": True}, "local": {"EDGE": True}},
+    "lazytrust": {"design": {"COVER_LAZY": True}, "local": {"TRUST": True}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
@@ -241,7 +255,41 @@ def run_fast(truth: Truth, method: str, mode: str, seed: int, trials: int) -> Ru
 _TRUTHS: dict[str, Truth] = {}  # filled before the fast studies' processes fork
 
 
-def _job(job: tuple[str, str, str, int], trials: int, fast: bool, out: Path, family: bool = False) -> Run:
+def _label(method: str, variant: str) -> str:
+    return f"{method}:{variant}" if variant and variant != "base" else method
+
+
+_DEFAULTS: dict[tuple[str, str], object] = {}  # (module, attribute) -> its value before any variant
+
+
+def set_variant(variant: str) -> None:
+    """Set the module attributes of ``variant`` (VARIANTS; '' or 'base': the defaults), every other
+    variant's attributes back to their defaults. Raises AttributeError for a knob that is gone."""
+    import importlib
+
+    for mods in VARIANTS.values():
+        for mod, attrs in mods.items():
+            module = importlib.import_module(f"autotune.search.{mod}")
+            for k in attrs:
+                if not hasattr(module, k):
+                    raise AttributeError(f"autotune.search.{mod} has no {k}")
+                _DEFAULTS.setdefault((mod, k), getattr(module, k))
+                setattr(module, k, _DEFAULTS[(mod, k)])
+    for mod, attrs in VARIANTS.get(variant, {}).items():
+        module = importlib.import_module(f"autotune.search.{mod}")
+        for k, v in attrs.items():
+            setattr(module, k, v)
+
+
+def _job(job: tuple[str, str, str, int, str], trials: int, fast: bool, out: Path, family: bool = False) -> Run:
+    name, method, mode, seed, variant = job
+    if fast:
+        set_variant(variant)
+    run = _job_run((name, method, mode, seed), trials, fast, out, family)
+    return replace(run, method=_label(method, variant))
+
+
+def _job_run(job: tuple[str, str, str, int], trials: int, fast: bool, out: Path, family: bool = False) -> Run:
     name, method, mode, seed = job
     if family:  # instance = seed; its truth enumerated once per process
         if (name, seed) not in _TRUTHS:
@@ -450,8 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="studies run in parallel")
     ap.add_argument("--fast", action="store_true",
                     help="in-process studies through the real driver loop and sampler (no Ray, MLflow)")
-    ap.add_argument("--variant", default="", choices=["", *VARIANTS],
-                    help="fast mode: a sampler variant (VARIANTS); rows are labelled METHOD:VARIANT")
+    ap.add_argument("--variant", default="",
+                    help="fast mode: sampler variants (VARIANTS), comma-separated, each run side by side on "
+                         "the same studies ('base': the defaults); rows are labelled METHOD:VARIANT")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 6 trials")
     ap.add_argument("--out", default=None, help="where CLI studies go (default: a temp dir, removed)")
     ap.add_argument("--results", default=str(RESULTS / "efficiency"), help="results path without suffix")
@@ -503,27 +552,27 @@ def main(argv: list[str] | None = None) -> int:
     if fams:
         surfaces, args.first_seed = fams, instances.SPLITS[args.split][0]  # --seeds: instances a family
     truths = {s: load(s, launchable=not fams) for s in surfaces}
-    if args.variant:
-        if not args.fast:
+    variants = [v for v in args.variant.split(",") if v] or [""]
+    for v in variants:
+        if v not in ("", "base", *VARIANTS):
+            ap.error(f"--variant: unknown {v!r}; choose from base, {', '.join(VARIANTS)}")
+        if v and not args.fast:
             ap.error("--variant: only with --fast (the CLI runs the product's defaults)")
-        import importlib
-
-        for mod, attrs in VARIANTS[args.variant].items():
-            module = importlib.import_module(f"autotune.search.{mod}")
-            for k, v in attrs.items():
-                if not hasattr(module, k):  # a knob the sampler no longer has: no silent no-op
-                    ap.error(f"--variant {args.variant}: autotune.search.{mod} has no {k}")
-                setattr(module, k, v)
+        try:
+            set_variant(v)
+        except AttributeError as e:  # a knob the sampler no longer has: no silent no-op
+            ap.error(f"--variant {v}: {e}")
+    set_variant("")
     import tempfile
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="autotune-eff-"))
     # seeds outermost: a bench cut short still has every row on the same seeds
-    jobs = [(truths[s], m, mode, seed) for seed in range(args.first_seed, args.first_seed + args.seeds)
-            for s in surfaces for mode in modes for m in methods]
+    jobs = [(truths[s], m, mode, seed, v) for seed in range(args.first_seed, args.first_seed + args.seeds)
+            for s in surfaces for mode in modes for m in methods for v in variants]
     stream = Path(args.stream) if args.stream else None
     if stream and stream.exists():  # resume: the studies already streamed are kept, not re-run
-        done = {(r.surface, r.mode, r.method.split(":")[0], r.seed) for r in load_runs(stream)}
-        jobs = [j for j in jobs if (j[0].name, j[2], j[1], j[3]) not in done]
+        done = {(r.surface, r.mode, r.method, r.seed) for r in load_runs(stream)}
+        jobs = [j for j in jobs if (j[0].name, j[2], _label(j[1], j[4]), j[3]) not in done]
 
     t0 = time.monotonic()
     if args.rescore:
@@ -538,9 +587,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = []
         with executor:
             work = partial(_job, trials=args.trials, fast=args.fast, out=out, family=bool(fams))
-            for run in executor.map(work, [(t.name, m, mode, seed) for t, m, mode, seed in jobs]):
-                if args.variant:
-                    run = replace(run, method=f"{run.method}:{args.variant}")
+            for run in executor.map(work, [(t.name, m, mode, seed, v) for t, m, mode, seed, v in jobs]):
                 if stream:
                     with stream.open("a") as f:
                         f.write(json.dumps(asdict(run)) + "\n")

@@ -283,3 +283,25 @@ def test_found_curve_credits_what_was_measured_when_noise_picks_a_worse_one():
     assert row["reach95_by20"] == 0.0 and row["found95_by20"] == 1.0
     old = efficiency.aggregate([efficiency.Run("cpu_7b", "default", 100, 0, 0.0, curve, None)], truth)
     assert math.isnan(old["found95_by20"])  # older results carry no found curve
+
+
+def test_variants_run_side_by_side_each_from_the_defaults():
+    """--variant a,b: each study sets its variant's knobs and every other variant's back to the
+    defaults, so variants sharing one worker process cannot leak into each other."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import efficiency
+
+    from autotune.search import design
+    from autotune.search import local
+
+    before = (local.EDGE, local.EVERY, design.COVER_LAZY)
+    try:
+        efficiency.set_variant("edge4")
+        assert (local.EDGE, local.EVERY) == (True, 4)
+        efficiency.set_variant("lazycover")
+        assert (local.EDGE, local.EVERY, design.COVER_LAZY) == (before[0], before[1], True)
+        efficiency.set_variant("base")
+        assert (local.EDGE, local.EVERY, design.COVER_LAZY) == before
+    finally:
+        efficiency.set_variant("")
+    assert efficiency._label("default", "edge") == "default:edge" and efficiency._label("default", "base") == "default"

@@ -175,8 +175,9 @@ class Driver:
         if not uses_design(st.sampler):
             return []
         queued = [baseline] + [self.space.restrict({**baseline, **e}) for e in st.enqueue]
+        sampler = resolve(st.sampler, st.search, len(self.cfg.objectives))
         design = startup_design(self.space, self.n_startup() - len(queued), st.seed, queued, self._screen,
-                                FAST_PART[resolve(st.sampler, st.search, len(self.cfg.objectives))])
+                                FAST_PART[sampler], lazy=sampler == "bo" and st.search == "single")
         return design[: max(st.n_trials - len(queued) - len(self.seeds), 0)]
 
     # ---- the loop ------------------------------------------------------------------
