@@ -103,8 +103,8 @@ class Reporter:
 
     def _seed_best(self, study) -> None:
         """Best so far and trial 0's value from a resumed study's finished trials."""
-        from autotune.record.study_dirs import best_feasible
         from autotune.record.optuna_study import records
+        from autotune.record.study_dirs import best_feasible
 
         sel = self.cfg.select.metric
         recs = records(study)
@@ -178,6 +178,11 @@ class Reporter:
         sel = self.cfg.select.metric
         if r.number == 0 and r.status == "ok":
             self.base = r.metrics.get(sel)
+        if r.status == "stopped":  # its reason says "stopped early: ..."; then its partial numbers
+            shown = " ".join(f"{k}={_fmt(r.metrics.get(k))}" for k in COLUMNS if k in r.metrics)
+            self.console.print(f"  #{r.number} [yellow]{r.reason[:200]}[/yellow] [dim]partial: {shown} "
+                               f"({duration_s:.1f} s) {self._params(r.params)}[/dim]")
+            return
         if r.status != "ok":
             color = "yellow" if r.status == "infeasible" else "red"
             self.console.print(f"  #{r.number} [{color}]{r.status}[/{color}] {r.reason[:160]} "
