@@ -219,7 +219,8 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
     console.print()
     console.print(
         f"[bold]{s.n_trials} trials[/bold]: {s.n_feasible} feasible, {s.n_infeasible} infeasible, "
-        f"{s.n_failed} failed; {s.elapsed_s:.0f} s"
+        f"{s.n_failed} failed" + (f", {s.n_stopped} stopped early" if s.n_stopped else "")
+        + f"; {s.elapsed_s:.0f} s"
     )
     if s.overhead_s is not None:
         console.print(f"search overhead {s.overhead_s:.0f} s of {s.elapsed_s:.0f} s")

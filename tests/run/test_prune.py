@@ -108,6 +108,8 @@ def test_a_real_study_stops_trials_that_break_a_bound_and_says_so_everywhere(tmp
         assert result["status"] == "stopped" and len(result["info"]["samples"]["ttft_ms"]) == 2
         assert f"#{t.number} stopped early: ttft_p95_ms <= 0.01" in proc.stdout
     assert len(json.loads((d / "trials" / "0000" / "result.json").read_text())["info"]["samples"]["ttft_ms"]) == 3
+    assert "1 failed, 2 stopped early" in proc.stdout or ", 2 stopped early;" in proc.stdout, proc.stdout[-2000:]
+    assert json.loads((d / "summary.json").read_text())["n_stopped"] == 2
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
     exp = client.get_experiment_by_name("prune")
     runs = client.search_runs([exp.experiment_id], "tags.`autotune.trial` = '1'")
