@@ -114,6 +114,8 @@ def run_staged(engine: Generator, wl: WorkloadSpec, prompts: list[str],
     numbers), then the rest; the same sessions, in the same order, as one ``run_level``."""
     n = n_sessions(wl, wl.concurrency)
     k = early_stop.first_batch(n)
+    if k and k < wl.concurrency:  # the first batch keeps every user busy, or there is none
+        k = wl.concurrency if wl.concurrency < n else 0
     sessions = sessions_for(wl, prompts, n)
     memory = wl.turns > 1
     first = run_closed(engine, sessions, wl.concurrency, k or n, sample_memory=memory,

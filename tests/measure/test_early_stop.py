@@ -85,3 +85,21 @@ def test_real_llamacpp_stops_on_a_bound_broken_beyond_noise_and_not_without_a_ru
     assert len(r.info["samples"]["ttft_ms"]) == 2
     full = _run(tmp_path, None)  # trial 0 and the re-measurement: never stopped
     assert full.status == "ok" and len(full.info["samples"]["ttft_ms"]) == 5
+
+
+@pytest.mark.parametrize("concurrency", [1, 3])
+def test_a_staged_run_that_goes_on_sends_the_same_requests_as_one_stage(concurrency):
+    from autotune.measure.early_stop import stages
+    from autotune.measure.workload import collect
+    from tests.measure.test_workload import CountingEngine
+
+    wl = {"prompts": "short", "max_tokens": 4, "warmup": 1, "repeats": 5, "concurrency": concurrency}
+    plain, staged = CountingEngine(), CountingEngine()
+    one = collect(plain, wl)
+    with stages(StopRule("decode_tps", True, 1.0)):  # never stops: the incumbent is slower
+        two = collect(staged, wl)
+    assert sorted(two.prompts) == sorted(one.prompts) and len(two.gens) == 5 * concurrency
+    assert sorted(o.session for o in two.outcomes) == list(range(5 * concurrency))
+    with stages(StopRule("decode_tps", True, 1e9)), pytest.raises(Exception, match="stopped early") as e:
+        collect(CountingEngine(), wl)
+    assert len(e.value.raw["decode_tps"]) == first_batch(5 * concurrency)  # a third: 2 or 5 requests
