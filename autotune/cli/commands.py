@@ -102,8 +102,8 @@ def _log_report(path: Path, files: list[Path]) -> None:
     """Log the report to the study's MLflow parent run (if the study is tracked)."""
     from autotune.record.mlflow_view import PARENT_ATTR
     from autotune.record.mlflow_view import log_report
-    from autotune.record.study_dirs import load_study
     from autotune.record.optuna_study import study_attr
+    from autotune.record.study_dirs import load_study
 
     config = read_config(path)
     parent = study_attr(load_study(path, config), PARENT_ATTR)

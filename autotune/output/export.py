@@ -152,11 +152,11 @@ def export_trial(path: Path, number: int | None, out: Path | None) -> tuple[list
     """
     from autotune.config.validate import compile_space
     from autotune.errors import ConfigError
+    from autotune.record.optuna_study import records
     from autotune.record.study_dirs import best_feasible
     from autotune.record.study_dirs import load_study
     from autotune.record.study_dirs import read_config
     from autotune.record.study_dirs import read_summary
-    from autotune.record.optuna_study import records
 
     cfg = read_config(path)
     space = compile_space(cfg)

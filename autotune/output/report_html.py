@@ -27,11 +27,11 @@ from autotune.objectives import get_metric
 from autotune.output.headroom_html import HEADROOM_COLUMNS
 from autotune.output.headroom_html import headroom_html
 from autotune.output.headroom_html import load_curve_figure
+from autotune.record.optuna_study import copied_attrs
 from autotune.record.study_dirs import constraints_as_written
 from autotune.record.study_dirs import load_study
 from autotune.record.study_dirs import read_config
 from autotune.record.study_dirs import read_summary
-from autotune.record.optuna_study import copied_attrs
 from autotune.search.trials import broken_text
 from autotune.search.trials import trial_attrs
 

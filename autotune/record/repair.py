@@ -76,8 +76,8 @@ def _load_backup(bak: Path, name: str) -> tuple[dict[int, Any], dict[str, Any]]:
     """(trials by number, study attributes) of a readable backup; empty if none."""
     import optuna
 
-    from autotune.record.storage import db_problem
     from autotune.record.optuna_study import study_attr
+    from autotune.record.storage import db_problem
 
     if not bak.exists() or db_problem(bak):
         return {}, {}
@@ -209,6 +209,7 @@ def repair(path: Path, force: bool = False) -> list[str]:
 
     from autotune.config.validate import compile_space
     from autotune.record import optuna_study as studylib
+    from autotune.record.optuna_study import set_study_attr
     from autotune.record.resume import config_parts
     from autotune.record.storage import BACKUP_SUFFIX
     from autotune.record.storage import db_problem
@@ -216,7 +217,6 @@ def repair(path: Path, force: bool = False) -> list[str]:
     from autotune.record.storage import sqlite_path
     from autotune.record.study_dirs import read_config
     from autotune.record.study_dirs import storage_url
-    from autotune.record.optuna_study import set_study_attr
 
     cfg = read_config(path)
     url = storage_url(path, cfg)

@@ -11,8 +11,8 @@ from typing import Protocol
 
 from autotune.objectives import get_metric
 from autotune.output import export
-from autotune.record import storage
 from autotune.record import optuna_study as studylib
+from autotune.record import storage
 from autotune.record.summary import StudySummary
 from autotune.record.summary import Verdict
 from autotune.record.summary import prediction_error

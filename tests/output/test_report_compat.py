@@ -30,8 +30,8 @@ from autotune.output.report import render_summary
 from autotune.output.report_html import _cell
 from autotune.output.report_html import _label
 from autotune.output.report_html import verdict_html
-from autotune.record.study_dirs import read_summary
 from autotune.record.optuna_study import records
+from autotune.record.study_dirs import read_summary
 from autotune.record.summary import Headroom
 from autotune.record.summary import PredictionError
 from autotune.record.summary import StudySummary

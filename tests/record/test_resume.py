@@ -11,8 +11,8 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from autotune.record.resume import FORKED_ATTR
 from autotune.record.optuna_study import LAUNCHED
+from autotune.record.resume import FORKED_ATTR
 from tests.conftest import run_cli
 from tests.conftest import study_overrides
 from tests.helpers.cli import run_cli_here
