@@ -56,8 +56,9 @@ def incumbent(cfg: Config, measured: Iterable[Record]) -> tuple[float, int] | No
 
 def stop_rule(cfg: Config, trial: Any, measured: Iterable[Record]) -> StopRule | None:
     """The rule for search trial ``trial`` (an ``optuna.Trial``), None when it runs to the end."""
-    if not enabled(cfg) or trial.number == 0 or trial_attrs(trial).role == "baseline":
-        return None
+    a = trial_attrs(trial)
+    if not enabled(cfg) or trial.number == 0 or a.role == "baseline" or a.rerun_of == 0:
+        return None  # trial 0, or trial 0 re-run on resume after a stop cut it off
     bounds = tuple((c.metric, c.op, float(c.bound)) for c in cfg.constraints)
     best = incumbent(cfg, measured)
     if best is None:

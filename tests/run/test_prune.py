@@ -46,6 +46,8 @@ def test_the_rule_carries_the_bounds_and_the_incumbent_and_never_reaches_trial_0
             Record(2, {}, {"decode_tps": 60.0}), Record(3, {}, {"decode_tps": 90.0}, status="stopped",
                                                            feasible=False)]
     assert stop_rule(cfg, _trial(study, "baseline"), recs) is None  # trial 0
+    study.enqueue_trial({}, user_attrs={"role": "rerun", "rerun_of": 0})
+    assert stop_rule(cfg, study.ask(), recs) is None  # trial 0 re-run on resume
     first = stop_rule(cfg, _trial(study), [])
     assert first.incumbent is None and first.bounds == (("ttft_p95_ms", "<=", 2000.0),)
     rule = stop_rule(cfg, _trial(study), recs)
