@@ -22,7 +22,9 @@ study before issue 43's header cache), which would only widen the gap.
 
 Per surface and method: seeds reaching 95% of the optimum by the end of the budget (with its
 Wilson 95% interval), median [quartiles] hours to 95% over those seeds, the ratio of the
-medians, and the median [quartiles] hours of the whole budget.
+medians, the median [quartiles] hours of the whole budget, the trials stopped early per study
+and how many of those stops the truth disproves (stopped on the incumbent while truly better
+than it, or on a bound while truly feasible).
 
     python bench/time_to_answer.py --seeds 100 --first-seed 100          # the report set
     python bench/time_to_answer.py --smoke                               # CI: 2 seeds, 8 trials
@@ -36,6 +38,7 @@ import io
 import math
 import multiprocessing
 import random
+import re
 import statistics
 import sys
 import time
@@ -146,7 +149,20 @@ def one(truth: Truth | str, method: str, seed: int, trials: int) -> dict:
             if truth.credit(t["params"]) >= LEVEL * truth.optimum and reached == math.inf:
                 reached = placement.ends[t["number"]]
     return {"surface": truth.name, "method": method, "seed": seed, "to95_h": reached / 3600,
-            "total_h": placement.clock / 3600, "stopped": sum(t["status"] == "stopped" for t in done)}
+            "total_h": placement.clock / 3600, "stopped": sum(t["status"] == "stopped" for t in done),
+            "lost": sum(wrong_stop(truth, t, done) for t in done)}
+
+
+def wrong_stop(truth: Truth, t: dict, done: list[dict]) -> bool:
+    """A stop the truth disproves: stopped on the incumbent while truly better than it, or on a
+    bound while truly feasible (within the timing noise, ``Truth.credit``)."""
+    if t["status"] != "stopped":
+        return False
+    by = re.search(r"incumbent .* \(trial #(\d+)\)", t["reason"])
+    if by is None:  # a bound
+        return truth.credit(t["params"]) > 0
+    incumbent = next(d for d in done if d["number"] == int(by.group(1)))
+    return truth.credit(t["params"]) > truth.credit(incumbent["params"])
 
 
 def _fmt(values: list[float]) -> str:
@@ -159,7 +175,8 @@ def _fmt(values: list[float]) -> str:
 def table(rows: list[dict], surfaces: list[str]) -> Table:
     t = Table(title=f"time to {LEVEL:.0%} of the optimum (virtual clock, hours)")
     for col in ("surface", "method", "seeds", f"reached {LEVEL:.0%} [Wilson]", f"hours to {LEVEL:.0%}",
-                "ratio", "hours, whole budget", "ratio ", "trials stopped early"):
+                "ratio", "hours, whole budget", "ratio ", "stopped early / study",
+                "of them wrong (truly better)"):
         t.add_column(col)
     for s in surfaces:
         med = {}
@@ -173,7 +190,8 @@ def table(rows: list[dict], surfaces: list[str]) -> Table:
                      else f"{med['before'][i] / med[method][i]:.2f}x" for i in (0, 1)]
             t.add_row(s, method, str(len(rs)), f"{len(hit)}/{len(rs)} [{lo:.2f}-{hi:.2f}]", _fmt(hit), ratio[0],
                       _fmt([r["total_h"] for r in rs]), ratio[1],
-                      f"{statistics.mean([r['stopped'] for r in rs]):.1f} / study" if rs else "-")
+                      f"{statistics.mean([r['stopped'] for r in rs]):.1f}" if rs else "-",
+                      f"{sum(r['lost'] for r in rs)} in {sum(r['lost'] > 0 for r in rs)} seeds")
     return t
 
 

@@ -97,7 +97,7 @@ class Quiet:
 
 def fast_study(overrides: list[str], config_dir: Path = HERE,
                placement: SimPlacement | None = None) -> tuple[list[dict], float, dict]:
-    """Run one study in-process; ([{number, params, status, metrics}] of the launched trials
+    """Run one study in-process; ([{number, params, status, metrics, reason}] of the launched trials
     in launch order, seconds, the winner: {number, params, remeasured: [trial numbers re-run],
     runs: re-measurement launches}, empty when nothing was feasible). ``placement``: another
     in-process placement (bench/time_to_answer.py's, which keeps a virtual clock)."""
@@ -126,8 +126,8 @@ def fast_study(overrides: list[str], config_dir: Path = HERE,
         searched = driver.launcher.placement.runs
         verdict = driver.choose_winner(recs)
         launched = sorted((r for r in recs if r.kind == trialslib.LAUNCHED), key=lambda r: r.number)
-    trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics}
-              for r in launched]
+    trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics,
+               "reason": r.reason} for r in launched]
     remeasured = sorted(int(n) for n in (verdict.remeasured or {}).get("by_trial", {}))
     winner = {} if verdict.winner is None else {"number": verdict.winner.number, "params": verdict.winner.params,
                                                 "remeasured": remeasured, "runs": driver.launcher.placement.runs - searched}
