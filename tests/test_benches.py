@@ -28,7 +28,7 @@ def _run(args: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProc
 
 
 def test_there_are_benches():
-    assert {"efficiency.py", "fidelity.py", "parallel.py", "slots.py", "soak.py"} <= {p.name for p in BENCHES}
+    assert {"efficiency.py", "fidelity.py", "parallel.py", "slots.py", "soak.py", "time_to_answer.py"} <= {p.name for p in BENCHES}
 
 
 @pytest.mark.parametrize("bench", BENCHES, ids=[p.stem for p in BENCHES])

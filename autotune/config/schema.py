@@ -45,6 +45,7 @@ class StudyConfig:
     search: str = "single"  # single: optimise what select picks the winner by; pareto: objectives
     n_startup: int | None = None  # space-filling startup trials incl. trial 0 (None: from n_trials)
     precheck: bool = True  # skip configurations the engine predicts will not fit
+    early_stop: bool = True  # stop a search trial as soon as it cannot win (PRUNED; issue 43)
     max_rejected: int | None = None  # proposals refused in a row before the study stops (20 x n_trials)
     trial_timeout_s: float = 300.0
     enqueue: list[dict] = field(default_factory=list)

@@ -116,6 +116,29 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True)
+class StopRule:
+    """When a trial stops early (:mod:`autotune.measure.early_stop`), as the driver sends it.
+
+    ``objective``: the metric the winner is chosen by (None: no objective check), better when
+    higher if ``maximize``; ``incumbent``: the best feasible value measured so far (None: none
+    yet), by trial ``incumbent_trial``; ``bounds``: the constraints as ``[metric, op, bound]``
+    with ``op`` ``<=`` or ``>=``.
+    """
+
+    objective: str | None = None
+    maximize: bool = True
+    incumbent: float | None = None
+    incumbent_trial: int | None = None
+    bounds: tuple[tuple[str, str, float], ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StopRule:
+        d = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        d["bounds"] = tuple((str(m), str(op), float(b)) for m, op, b in d.get("bounds") or ())
+        return cls(**d)
+
+
+@dataclass(frozen=True)
 class QualitySpec:
     """What a trial's quality evaluation needs: the text, its length and the reference."""
 

@@ -20,17 +20,21 @@ from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
 
+from autotune.measure import early_stop
 from autotune.measure.conversations import turn_stats
 from autotune.measure.ladder import run_ladder
 from autotune.measure.levels import as_workload
 from autotune.measure.levels import error_summary
 from autotune.measure.levels import level_metrics
+from autotune.measure.levels import n_sessions
 from autotune.measure.levels import raw_samples
 from autotune.measure.levels import run_level
+from autotune.measure.levels import sessions_for
 from autotune.measure.levels import validate_concurrency
 from autotune.measure.levels import warm_up
 from autotune.measure.load import LevelRun
 from autotune.measure.load import Outcome
+from autotune.measure.load import run_closed
 from autotune.measure.prompts import load_prompts
 from autotune.measure.prompts import prompt_sets
 from autotune.measure.slo import run_slo_search
@@ -41,7 +45,7 @@ from autotune.measure.types import Generation
 from autotune.measure.types import Generator
 
 __all__ = [
-    "WorkloadRun", "as_workload", "validate_concurrency", "collect", "decode_tps",
+    "WorkloadRun", "as_workload", "run_staged", "validate_concurrency", "collect", "decode_tps",
     "generation_metrics", "level_metrics", "load_prompts", "prompt_sets", "run_workload",
     "summarize_run",
 ]
@@ -89,7 +93,9 @@ def collect(engine: Generator, workload: WorkloadSpec | dict) -> WorkloadRun:
     if wl.arrival == "closed":
         validate_concurrency(engine, wl.concurrency)
     warm_up(engine, wl, prompts)
-    run = run_level(engine, wl, prompts, level)
+    rule = early_stop.active()
+    staged = rule is not None and wl.arrival == "closed"
+    run = run_staged(engine, wl, prompts, rule) if staged else run_level(engine, wl, prompts, level)
     if run.outcomes and not run.gens and run.errors[0].exc is not None:
         raise run.errors[0].exc
     ok = [o for o in run.outcomes if o.ok]
@@ -99,6 +105,34 @@ def collect(engine: Generator, workload: WorkloadSpec | dict) -> WorkloadRun:
 
 
 
+
+
+def run_staged(engine: Generator, wl: WorkloadSpec, prompts: list[str],
+               rule: early_stop.StopRule) -> LevelRun:
+    """A closed-loop level in two stages: the first batch of sessions, judged by ``rule``
+    (:func:`autotune.measure.early_stop.verdict`; raises ``StoppedEarly`` with the partial
+    numbers), then the rest; the same sessions, in the same order, as one ``run_level``."""
+    n = n_sessions(wl, wl.concurrency)
+    k = early_stop.first_batch(n)
+    if k and k < wl.concurrency:  # the first batch keeps every user busy, or there is none
+        k = wl.concurrency if wl.concurrency < n else 0
+    sessions = sessions_for(wl, prompts, n)
+    memory = wl.turns > 1
+    first = run_closed(engine, sessions, wl.concurrency, k or n, sample_memory=memory,
+                       ignore_eos=wl.ignore_eos)
+    if not k:
+        return first
+    metrics, raw = summarize_run(WorkloadRun([o.prompt for o in first.outcomes if o.ok], first.gens,
+                                             first.wall_s, wl.concurrency, wl.max_tokens, wl.ignore_eos,
+                                             outcomes=first.outcomes, workload=wl, level=first))
+    why = early_stop.verdict(rule, {**metrics, **engine.memory()}, raw)
+    if why:
+        raise early_stop.StoppedEarly(why, metrics, raw)
+    rest = run_closed(engine, lambda i: sessions(i + k), wl.concurrency, n - k, sample_memory=memory,
+                      ignore_eos=wl.ignore_eos)
+    for o in rest.outcomes:
+        o.session += k
+    return LevelRun(first.level, "closed", first.outcomes + rest.outcomes, first.wall_s + rest.wall_s)
 
 
 def summarize_run(run: WorkloadRun) -> tuple[dict[str, float], dict]:

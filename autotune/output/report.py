@@ -178,6 +178,11 @@ class Reporter:
         sel = self.cfg.select.metric
         if r.number == 0 and r.status == "ok":
             self.base = r.metrics.get(sel)
+        if r.status == "stopped":  # its reason says "stopped early: ..."; then its partial numbers
+            shown = " ".join(f"{k}={_fmt(r.metrics.get(k))}" for k in COLUMNS if k in r.metrics)
+            self.console.print(f"  #{r.number} [yellow]{r.reason[:200]}[/yellow] [dim]partial: {shown} "
+                               f"({duration_s:.1f} s) {self._params(r.params)}[/dim]")
+            return
         if r.status != "ok":
             color = "yellow" if r.status == "infeasible" else "red"
             self.console.print(f"  #{r.number} [{color}]{r.status}[/{color}] {r.reason[:160]} "
@@ -212,7 +217,8 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
     console.print()
     console.print(
         f"[bold]{s.n_trials} trials[/bold]: {s.n_feasible} feasible, {s.n_infeasible} infeasible, "
-        f"{s.n_failed} failed; {s.elapsed_s:.0f} s"
+        f"{s.n_failed} failed" + (f", {s.n_stopped} stopped early" if s.n_stopped else "")
+        + f"; {s.elapsed_s:.0f} s"
     )
     if s.overhead_s is not None:
         console.print(f"search overhead {s.overhead_s:.0f} s of {s.elapsed_s:.0f} s")

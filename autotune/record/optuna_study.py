@@ -5,6 +5,10 @@ value, the scalar the winner is chosen by (:func:`autotune.search.select.search_
 ``pareto`` tells every objective. Records keep every measured metric either way, so the
 exported Pareto front never depends on what the sampler was told.
 
+A trial stopped early (``study.early_stop``, status ``stopped``) is told PRUNED, valued at its
+partial numbers (single search: the told value reported as its last intermediate value, which
+Optuna makes the PRUNED trial's value) with the constraints its partial numbers break; it
+counts against ``n_trials`` and is never feasible, so never a winner or a re-measured candidate.
 Infeasible, failed and timed-out trials are told as COMPLETE with the worst values seen so
 far and a positive ``run_ok`` constraint, so every sampler learns to avoid the region
 (Optuna's samplers ignore FAIL trials). Metrics, status, reason and the trial's ``kind``
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from autotune.trial.spec import TrialResult
 
 RUN_OK = "run_ok"
+STOPPED = "stopped"  # a trial stopped early (study.early_stop): told PRUNED with its partial numbers
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 FINGERPRINT = "fingerprint"  # study attribute: config_fingerprint of the config that started it
 
@@ -208,8 +213,12 @@ def tell(study: optuna.Study, trial: optuna.Trial, cfg: Config, params: dict, re
     status, reason = result.status, result.reason
     if status == "ok" and values is None:
         status, reason = "failed", missing
-    cons = constraint_values(cfg, metrics) if status == "ok" else {str(c): 1.0 for c in cfg.constraints}
-    cons[RUN_OK] = 0.0 if status == "ok" else 1.0
+    if status == STOPPED:  # its partial numbers: a bound it did not measure is not judged (0)
+        cons = {k: v if cfg.constraints[i].metric in metrics else 0.0
+                for i, (k, v) in enumerate(constraint_values(cfg, metrics).items())}
+    else:
+        cons = constraint_values(cfg, metrics) if status == "ok" else {str(c): 1.0 for c in cfg.constraints}
+    cons[RUN_OK] = 0.0 if status in ("ok", STOPPED) else 1.0
     for name, value in cons.items():
         trial.set_constraint(name, value)
     stored = {"status": status, "reason": reason, "metrics": metrics, "params": params,
@@ -218,6 +227,10 @@ def tell(study: optuna.Study, trial: optuna.Trial, cfg: Config, params: dict, re
     _set_attrs(trial, stored)
     if status == "ok":
         study.tell(trial, values)
+    elif status == STOPPED:  # PRUNED, valued at its partial numbers (Optuna takes the last report)
+        if values is not None and len(study.directions) == 1:
+            trial.report(values[0], step=1)
+        study.tell(trial, state=TrialState.PRUNED)
     else:
         worst = _worst(study)
         if worst is None:

@@ -235,6 +235,7 @@ class StudySummary(Remeasurement):
     n_feasible: int = 0
     n_failed: int = 0
     n_infeasible: int = 0
+    n_stopped: int = 0  # stopped early (study.early_stop): PRUNED, counted in n_trials
     elapsed_s: float = 0.0
     overhead_s: float | None = None  # the driver's own time in elapsed_s (asks, pool, tells, logs)
     objectives: list[str] = field(default_factory=list)

@@ -107,7 +107,8 @@ class Tracker:
         )
         if log_path is not None and log_path.exists():
             self.client.log_artifact(rid, str(log_path))
-        self.client.set_terminated(rid, "FINISHED" if result.ok else "FAILED")
+        # a trial stopped early ended as planned: FINISHED, its tags say "stopped early: <reason>"
+        self.client.set_terminated(rid, "FINISHED" if result.status in ("ok", "stopped") else "FAILED")
         return rid
 
     def fail(self, reason: str) -> None:
@@ -155,7 +156,7 @@ class Tracker:
                 continue
             attrs = trial_attrs(t)
             status = attrs.status or ("ok" if t.state == TrialState.COMPLETE else "failed")
-            if status not in ("ok", "failed", "infeasible", "timeout"):
+            if status not in ("ok", "failed", "infeasible", "timeout", "stopped"):
                 status = "failed"
             cons = dict(t.constraints or {}) if hasattr(t, "constraints") else {}
             feasible = t.state == TrialState.COMPLETE and status == "ok" and all(

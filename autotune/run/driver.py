@@ -38,6 +38,7 @@ from autotune.record.summary import StudySummary
 from autotune.record.summary import Verdict
 from autotune.record.tracking import PARENT_ATTR
 from autotune.run import finish as finishing
+from autotune.run import prune
 from autotune.run import stop
 from autotune.run.clock import Clock
 from autotune.run.headroom import with_roofline
@@ -301,7 +302,8 @@ class Driver:
         reads = [r.to_dict() for r in pred.reads]
         studylib.mark_launched(trial, params, pred.stored())
         reuse = self.quality.lookup(params)
-        ref = self.launcher.submit(trial.number, params, quality=reuse is None)
+        rule = prune.stop_rule(self.cfg, trial, self.measured.values())  # never for trial 0
+        ref = self.launcher.submit(trial.number, params, quality=reuse is None, early_stop=rule)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
         self.pending[ref] = PendingTrial(trial, params, deadline, key, reads, reuse and reuse[0])
         self.report.started(trial.number, params)

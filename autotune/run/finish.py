@@ -106,6 +106,7 @@ def summarize(d: Driver, study: optuna.Study, recs: list[Record], verdict: Verdi
         n_feasible=sum(r.feasible for r in measured),
         n_failed=sum(r.status in ("failed", "timeout") for r in measured),
         n_infeasible=sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in measured),
+        n_stopped=sum(r.status == "stopped" for r in measured),
         elapsed_s=round(elapsed, 1), overhead_s=round(d.clock.overhead_s(), 1),
         objectives=objectives, constraints=[str(c) for c in cfg.constraints],
         workload=cfg.workload.to_dict(), baseline=baseline, winner=winner, pareto=[r.number for r in front],

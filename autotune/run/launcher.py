@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from typing import Any
 
 from autotune.measure.spec import QualitySpec
+from autotune.measure.spec import StopRule
 from autotune.trial.spec import TrialResult
 from autotune.trial.spec import TrialSpec
 
@@ -43,7 +44,7 @@ class Launcher:
         return (self.dir / tag / f"{number:04d}").resolve()
 
     def spec(self, number: int, params: dict[str, Any], mode: str = "trial", quality: bool = True,
-             tag: str = "trials") -> TrialSpec:
+             tag: str = "trials", early_stop: StopRule | None = None) -> TrialSpec:
         """The JSON record a worker runs for ``params``."""
         cfg = self.cfg
         return TrialSpec(
@@ -51,6 +52,7 @@ class Launcher:
             variants=cfg.engine.variants, params=params, workload=cfg.workload,
             quality=replace(self.quality, enabled=self.quality.enabled and quality),
             timeout_s=cfg.study.trial_timeout_s, workdir=str(self.workdir(number, tag)), mode=mode,
+            early_stop=early_stop,
         )
 
     def resources(self, params: dict[str, Any]) -> Resources:
@@ -61,9 +63,12 @@ class Launcher:
         """'' if the cluster could ever hold the trial, else why it never can."""
         return self.placement.fits(self.resources(params))
 
-    def submit(self, number: int, params: dict[str, Any], quality: bool = True):
-        """Start a search trial (``quality``: measure it); returns the placement's handle."""
-        return self.placement.submit(self.spec(number, params, quality=quality), self.resources(params))
+    def submit(self, number: int, params: dict[str, Any], quality: bool = True,
+               early_stop: StopRule | None = None):
+        """Start a search trial (``quality``: measure it; ``early_stop``: when it may stop as soon
+        as it cannot win); returns the placement's handle."""
+        spec = self.spec(number, params, quality=quality, early_stop=early_stop)
+        return self.placement.submit(spec, self.resources(params))
 
     def run_now(self, number: int, params: dict[str, Any], mode: str = "trial", quality: bool = True,
                 tag: str = "trials") -> TrialResult:

@@ -75,6 +75,10 @@ if TYPE_CHECKING:
 # the neighbours of the best measured, the rest at random); past WARM_FROM trials a GP's
 # hyperparameters are re-optimised only every REFIT_EVERY asks, from the last ones.
 MAX_TRAIN = 200
+# A trial stopped early (study.early_stop) is PRUNED with its partial numbers: it ran, its value
+# and constraints are what it measured, so the GPs learn from it like any measured trial.
+TOLD = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
+RAN = ("ok", "stopped")
 MAX_CANDIDATES = 25_000
 WARM_FROM = 40
 REFIT_EVERY = 5
@@ -218,15 +222,15 @@ class PoolSampler(optuna.samplers.BaseSampler):
         keys = _keys(trials)
         if pool.space is not None:  # a sample: trials measured outside it (trial 0, the design) join it
             pool.grow([_params(t) for t in trials if keys[t.number] not in pool.index
-                       and t.state in (TrialState.COMPLETE, TrialState.FAIL)], measured=True)
+                       and t.state in TOLD], measured=True)
         free = self._free(keys)
         if not len(free):
             return None
         row = {n: pool.index[k] for n, k in keys.items() if k in pool.index}  # trial -> pool row
         # a launch that failed before any succeeded is told FAIL (nothing to call worst yet)
-        launched = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.FAIL)
+        launched = [t for t in trials if t.state in TOLD
                     and trial_attrs(t).kind == "launched" and t.number in row]
-        ok = [t for t in launched if trial_attrs(t).status == "ok" and t.values]
+        ok = [t for t in launched if trial_attrs(t).status in RAN and t.values]
         rows_p = [row[t.number] for t in trials if t.state == TrialState.RUNNING and t.number in row]
         if len(launched) + len(rows_p) < self.n_startup or len(ok) < 2:
             return pool.params[int(self._rng.choice(free))]
@@ -235,7 +239,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         rows_ok = np.array([row[t.number] for t in ok])
         seed = int(self._rng.integers(2**31))
         feasible = np.array([all(v <= 0 for v in dict(t.constraints or {}).values()) for t in ok])
-        failed = np.array([trial_attrs(t).status != "ok" for t in launched])
+        failed = np.array([trial_attrs(t).status not in RAN for t in launched])
         self._pareto = len(study.directions) > 1
         if self._pareto:
             return self._choose_front(study, ok, launched, feasible, failed, row, pending, keys, seed)
@@ -440,8 +444,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
                 continue  # too few values, or far inside its bound everywhere measured
             mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending).predict(Xf)
             out += norm.logcdf(-mu / sd)
-        if any(trial_attrs(t).status != "ok" for t in launched):
-            ran = np.array([1.0 if trial_attrs(t).status == "ok" else -1.0 for t in launched])
+        if any(trial_attrs(t).status not in RAN for t in launched):
+            ran = np.array([1.0 if trial_attrs(t).status in RAN else -1.0 for t in launched])
             X = self.pool.X[[row[t.number] for t in launched]]
             mu, sd = self._gp("runs", X, ran, seed, pending).predict(Xf)
             out += norm.logcdf(mu / sd)

@@ -20,9 +20,10 @@ from autotune.measure.spec import LOADS  # noqa: F401 - re-exported
 from autotune.measure.spec import MixClass  # noqa: F401 - re-exported
 from autotune.measure.spec import QualitySpec
 from autotune.measure.spec import SLOSpec  # noqa: F401 - re-exported
+from autotune.measure.spec import StopRule
 from autotune.measure.spec import WorkloadSpec
 
-Status = Literal["ok", "failed", "infeasible", "timeout"]
+Status = Literal["ok", "failed", "infeasible", "timeout", "stopped"]  # stopped: early (PRUNED)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class TrialSpec:
     timeout_s: float
     workdir: str
     mode: str = "trial"  # "trial" | "reference" (quality reference logits)
+    early_stop: StopRule | None = None  # when to stop as soon as it cannot win (None: never)
 
     def __post_init__(self) -> None:
         # JSON (and older callers) give plain mappings: rebuild the typed records once, here.
@@ -46,6 +48,8 @@ class TrialSpec:
             object.__setattr__(self, "workload", WorkloadSpec.from_dict(self.workload))
         if isinstance(self.quality, dict):
             object.__setattr__(self, "quality", QualitySpec.from_dict(self.quality))
+        if isinstance(self.early_stop, dict):
+            object.__setattr__(self, "early_stop", StopRule.from_dict(self.early_stop))
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True, default=str)
@@ -58,8 +62,9 @@ class TrialSpec:
 @dataclass(frozen=True)
 class TrialResult:
     """What the trial worker process returns for one trial (``result.json``): ``status`` is ok,
-    failed, infeasible or timeout, with a reason. The driver tells it to Optuna, where it is
-    kept as the trial's :class:`~autotune.search.trials.TrialAttrs`, and reads it back as a
+    failed, infeasible, timeout or stopped (early, as soon as it could not win: its partial
+    numbers, and a reason that starts "stopped early:"), with a reason. The driver tells it to
+    Optuna, where it is kept as the trial's :class:`~autotune.search.trials.TrialAttrs`, and reads it back as a
     :class:`~autotune.search.trials.Record`.
 
     ``samples``: the workload's raw per-request samples (``Engine.measure``'s second value:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from autotune._files import write_atomic
 from autotune.errors import InfeasibleConfig
+from autotune.measure import early_stop
 from autotune.measure.energy import EnergyMeter
 from autotune.measure.energy import energy_metrics
 from autotune.measure.energy import find_counters
@@ -57,12 +58,20 @@ def execute(spec: TrialSpec) -> TrialResult:
             times["quality"] = time.perf_counter() - t
             return TrialResult(spec.number, "ok", {"ppl": meta["ppl"]}, info=engine.info, times_s=times)
         counters, no_energy = find_counters()
-        with EnergyMeter(counters) as meter:
-            metrics, raw = engine.measure(spec.workload)
+        try:
+            with EnergyMeter(counters) as meter, early_stop.stages(spec.early_stop):
+                metrics, raw = engine.measure(spec.workload)
+        except early_stop.StoppedEarly as e:  # after the first batch: its numbers, no quality pass
+            times["workload"] = time.perf_counter() - t
+            return _stopped(spec, e.reason, {"load_s": load_s, **e.metrics, **engine.memory()},
+                            engine.info, e.raw, times)
         wl = spec.workload
         energy = energy_metrics(meter, measured_tokens(raw, wl.warmup * wl.max_tokens))
         metrics = {"load_s": load_s, **metrics, **engine.memory(), **energy}
         times["workload"] = time.perf_counter() - t
+        why = early_stop.verdict(spec.early_stop, metrics, raw)  # the whole workload: skip quality?
+        if why:
+            return _stopped(spec, why, metrics, engine.info, raw, times)
         if spec.quality.enabled:
             t = time.perf_counter()
             metrics |= engine.quality(spec.quality)
@@ -84,6 +93,13 @@ def execute(spec: TrialSpec) -> TrialResult:
             engine.stop()
         except Exception:  # noqa: BLE001
             traceback.print_exc()
+
+
+def _stopped(spec: TrialSpec, reason: str, metrics: dict, info: dict, samples: dict,
+             times: dict) -> TrialResult:
+    """A trial stopped as soon as it could not win: its partial numbers, its samples and why."""
+    return TrialResult(spec.number, "stopped", metrics, reason=reason, info=info, samples=samples,
+                       times_s=times)
 
 
 def main(argv: list[str] | None = None, guard: int | None = None) -> int:

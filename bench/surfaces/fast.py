@@ -95,10 +95,12 @@ class Quiet:
         return contextlib.nullcontext()
 
 
-def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict], float, dict]:
-    """Run one study in-process; ([{number, params, status, metrics}] of the launched trials
+def fast_study(overrides: list[str], config_dir: Path = HERE,
+               placement: SimPlacement | None = None) -> tuple[list[dict], float, dict]:
+    """Run one study in-process; ([{number, params, status, metrics, reason}] of the launched trials
     in launch order, seconds, the winner: {number, params, remeasured: [trial numbers re-run],
-    runs: re-measurement launches}, empty when nothing was feasible)."""
+    runs: re-measurement launches}, empty when nothing was feasible). ``placement``: another
+    in-process placement (bench/time_to_answer.py's, which keeps a virtual clock)."""
     import optuna
 
     from autotune.cli.main import prepare
@@ -111,7 +113,7 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
     with tempfile.TemporaryDirectory(prefix="autotune-fast-") as tmp:
         cfg, space, baseline = prepare([*overrides, f"study.dir={tmp}", "tracking.enabled=false",
                                         "report.enabled=false"], str(config_dir), dry_run=True)
-        driver = Driver(cfg, space, SimPlacement(), None, Quiet())
+        driver = Driver(cfg, space, placement or SimPlacement(), None, Quiet())
         st = cfg.study
         sampler = make_sampler(st.sampler, st.seed, space, st.n_trials, driver.n_startup(), st.search,
                                pool=driver.pool, constraints=cfg.constraints,
@@ -124,8 +126,8 @@ def fast_study(overrides: list[str], config_dir: Path = HERE) -> tuple[list[dict
         searched = driver.launcher.placement.runs
         verdict = driver.choose_winner(recs)
         launched = sorted((r for r in recs if r.kind == trialslib.LAUNCHED), key=lambda r: r.number)
-    trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics}
-              for r in launched]
+    trials = [{"number": r.number, "params": r.params, "status": r.status, "metrics": r.metrics,
+               "reason": r.reason} for r in launched]
     remeasured = sorted(int(r.trial) for r in verdict.remeasured_rows())
     winner = {} if verdict.winner is None else {"number": verdict.winner.number, "params": verdict.winner.params,
                                                 "remeasured": remeasured, "runs": driver.launcher.placement.runs - searched}

@@ -1,0 +1,233 @@
+"""Time to an answer (issue 43): the wall-clock until a study holds a configuration within 95%
+of the optimum, and the wall-clock of its whole budget, before and after issue 43.
+
+Each study is the real driver loop and sampler on a simulated surface, in process
+(bench/surfaces/fast.py), with a placement that keeps a **virtual clock**: nothing sleeps, each
+trial adds what its steps would cost on the machine the surface models (``COSTS``: for a 70B,
+a load of 60-90 s, a workload of 60 s and a perplexity pass of 30 s). The workload is measured
+in its stages as the worker does: per-request samples (the trial's measured numbers, each
+request scattered by ``REQUEST_NOISE``), judged after the first batch and after the whole
+workload by the worker's own rule (:func:`autotune.measure.early_stop.verdict`, with the rule
+the driver sent: the incumbent, the constraints). A trial stopped after the first batch costs
+its load and that part of the workload; one stopped after the workload skips the quality pass.
+A trial whose quality key (the surface's ``QUALITY_KNOBS``: what changes its logits) was
+measured reuses it and skips the quality pass (``quality.reuse``). A crash costs its load; the
+end-of-study re-measurement costs a load and a workload per run, in both methods.
+
+Methods: ``before`` is the code before issue 43 (``study.early_stop=false``, no quality reuse,
+every trial at full cost); ``issue43`` is the new default (stop early, reuse quality). Both see
+the same paired noise (the surfaces' ``noise_seed``): they differ only in what they stop and
+what they charge. Not modelled: the driver's own time (bo's pool build stalled 230 s once per
+study before issue 43's header cache), which would only widen the gap.
+
+Per surface and method: seeds reaching 95% of the optimum by the end of the budget (with its
+Wilson 95% interval), median [quartiles] hours to 95% over those seeds, the ratio of the
+medians, the median [quartiles] hours of the whole budget, the trials stopped early per study
+and how many of those stops the truth disproves (stopped on the incumbent while truly better
+than it, or on a bound while truly feasible).
+
+    python bench/time_to_answer.py --seeds 100 --first-seed 100          # the report set
+    python bench/time_to_answer.py --smoke                               # CI: 2 seeds, 8 trials
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import math
+import multiprocessing
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench" / "surfaces"))
+sys.path.insert(0, str(ROOT))
+
+from fast import SimPlacement  # noqa: E402
+from fast import fast_study  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from stats import _quartiles  # noqa: E402
+from stats import wilson  # noqa: E402
+from truth import Truth  # noqa: E402
+from truth import load  # noqa: E402
+from truth import satisfies  # noqa: E402
+
+# surface -> (load low s, load high s, workload s, quality pass s)
+COSTS = {"exl2_70b": (60.0, 90.0, 60.0, 30.0), "streamer_70b": (60.0, 90.0, 60.0, 30.0),
+         "llamacpp_7b": (10.0, 20.0, 30.0, 15.0)}
+# the knobs that change the output distribution (a draft with greedy verification does not)
+QUALITY_KNOBS = {"exl2_70b": ("bpw", "cache_mode"), "streamer_70b": ("skip_threshold", "kv_type"),
+                 "llamacpp_7b": ("quant", "type_k", "type_v")}
+METHODS = {"before": ["study.early_stop=false"], "issue43": []}
+REQUEST_NOISE = 0.03  # per-request scatter around the trial's measured numbers (log-normal sigma)
+LEVEL = 0.95
+
+
+def _unit(text: str) -> float:
+    return int(hashlib.sha256(text.encode()).hexdigest()[:12], 16) / 16**12
+
+
+class ClockedPlacement(SimPlacement):
+    """SimPlacement with a virtual clock: each run adds its steps' costs; stages and quality
+    reuse as the issue-43 worker and driver do them (``reuse``)."""
+
+    def __init__(self, surface: str, reuse: bool) -> None:
+        super().__init__()
+        self.surface, self.reuse = surface, reuse
+        self.load_lo, self.load_hi, self.workload_s, self.quality_s = COSTS[surface]
+        self.clock = 0.0
+        self.ends: dict[int, float] = {}  # search trial -> clock when it finished
+        self.measured_keys: set[str] = set()
+
+    def _load_s(self, params: dict) -> float:
+        config = repr(sorted((k, str(v)) for k, v in params.items()))
+        return self.load_lo + (self.load_hi - self.load_lo) * _unit(f"{self.surface}|{config}")
+
+    def run_now(self, spec, res):
+        from autotune.measure.early_stop import first_batch
+        from autotune.measure.early_stop import verdict
+
+        result = super().run_now(spec, res)
+        load = self._load_s(spec.params)
+        search = Path(spec.workdir).parent.name == "trials"
+        if not result.ok:
+            self.clock += load
+        elif not search:  # the re-measurement: a load and a workload, never stopped
+            self.clock += load + self.workload_s
+        else:
+            result = self._staged(spec, result, load, first_batch, verdict)
+        if search:
+            self.ends[spec.number] = self.clock
+        return result
+
+    def _staged(self, spec, result, load, first_batch, verdict):
+        m = result.metrics
+        n = spec.workload.repeats * spec.workload.concurrency
+        seed = (spec.settings.get("vars") or {}).get("noise_seed")  # paired: the config and the seed
+        rng = random.Random(f"{self.surface}|{sorted((k, str(v)) for k, v in spec.params.items())}|{seed}")
+        dec = [m["decode_tps"] * rng.lognormvariate(0.0, REQUEST_NOISE) for _ in range(n)]
+        ttft = [m["ttft_p50_ms"] * rng.lognormvariate(0.0, REQUEST_NOISE) for _ in range(n)]
+        k = first_batch(n)
+        timed = {"decode_tps": statistics.median(dec[:k]), "ttft_p50_ms": statistics.median(ttft[:k]),
+                 "ttft_p95_ms": max(ttft[:k])}
+        why = verdict(spec.early_stop, timed, {"decode_tps": dec[:k], "ttft_ms": ttft[:k]}) if k else None
+        if why:
+            self.clock += load + self.workload_s * k / n
+            return result.replace(status="stopped", reason=why, metrics=timed)
+        self.clock += load + self.workload_s
+        speed = {key: v for key, v in m.items() if key != "ppl_delta_pct"}  # before the quality pass
+        why = verdict(spec.early_stop, speed, {"decode_tps": dec, "ttft_ms": ttft})
+        if why:
+            return result.replace(status="stopped", reason=why, metrics=speed)
+        key = repr([spec.params.get(q) for q in QUALITY_KNOBS[self.surface]])
+        if not (self.reuse and key in self.measured_keys):
+            self.clock += self.quality_s
+            self.measured_keys.add(key)
+        return result
+
+
+_TRUTHS: dict[str, Truth] = {}  # filled before the worker processes fork
+
+
+def one(truth: Truth | str, method: str, seed: int, trials: int) -> dict:
+    """One study: hours to 95% of the optimum (inf: never), hours of the whole budget."""
+    truth = _TRUTHS[truth] if isinstance(truth, str) else truth
+    placement = ClockedPlacement(truth.name, reuse=method != "before")
+    done, _, _ = fast_study([f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
+                             f"engine.settings.vars.noise_seed={seed}", *METHODS[method]],
+                            placement=placement)
+    best, reached = -math.inf, math.inf
+    for t in done:  # launch order: the configuration the study would pick after each trial
+        if t["status"] == "ok" and satisfies(t["metrics"], truth.constraints) and t["metrics"][truth.metric] > best:
+            best = t["metrics"][truth.metric]
+            if truth.credit(t["params"]) >= LEVEL * truth.optimum and reached == math.inf:
+                reached = placement.ends[t["number"]]
+    return {"surface": truth.name, "method": method, "seed": seed, "to95_h": reached / 3600,
+            "total_h": placement.clock / 3600, "stopped": sum(t["status"] == "stopped" for t in done),
+            "lost": sum(wrong_stop(truth, t, done) for t in done)}
+
+
+def wrong_stop(truth: Truth, t: dict, done: list[dict]) -> bool:
+    """A stop the truth disproves: stopped on the incumbent while truly better than it, or on a
+    bound while truly feasible (within the timing noise, ``Truth.credit``)."""
+    if t["status"] != "stopped":
+        return False
+    by = re.search(r"incumbent .* \(trial #(\d+)\)", t["reason"])
+    if by is None:  # a bound
+        return truth.credit(t["params"]) > 0
+    incumbent = next(d for d in done if d["number"] == int(by.group(1)))
+    return truth.credit(t["params"]) > truth.credit(incumbent["params"])
+
+
+def _fmt(values: list[float]) -> str:
+    if not values:
+        return "-"
+    lo, hi = _quartiles(values)
+    return f"{statistics.median(values):.2f} [{lo:.2f}-{hi:.2f}]"
+
+
+def table(rows: list[dict], surfaces: list[str]) -> Table:
+    t = Table(title=f"time to {LEVEL:.0%} of the optimum (virtual clock, hours)")
+    for col in ("surface", "method", "seeds", f"reached {LEVEL:.0%} [Wilson]", f"hours to {LEVEL:.0%}",
+                "ratio", "hours, whole budget", "ratio ", "stopped early / study",
+                "of them wrong (truly better)"):
+        t.add_column(col)
+    for s in surfaces:
+        med = {}
+        for method in METHODS:
+            rs = [r for r in rows if r["surface"] == s and r["method"] == method]
+            hit = [r["to95_h"] for r in rs if math.isfinite(r["to95_h"])]
+            med[method] = (statistics.median(hit) if hit else math.nan,
+                           statistics.median([r["total_h"] for r in rs]) if rs else math.nan)
+            lo, hi = wilson(len(hit), len(rs))
+            ratio = ["1" if method == "before" else "-" if math.isnan(med["before"][i] / med[method][i])
+                     else f"{med['before'][i] / med[method][i]:.2f}x" for i in (0, 1)]
+            t.add_row(s, method, str(len(rs)), f"{len(hit)}/{len(rs)} [{lo:.2f}-{hi:.2f}]", _fmt(hit), ratio[0],
+                      _fmt([r["total_h"] for r in rs]), ratio[1],
+                      f"{statistics.mean([r['stopped'] for r in rs]):.1f}" if rs else "-",
+                      f"{sum(r['lost'] for r in rs)} in {sum(r['lost'] > 0 for r in rs)} seeds")
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--surfaces", default="exl2_70b,streamer_70b", help="comma-separated (COSTS)")
+    ap.add_argument("--seeds", type=int, default=100)
+    ap.add_argument("--first-seed", type=int, default=100, help="100-: the report seeds")
+    ap.add_argument("--trials", type=int, default=30, help="the budget, study.n_trials")
+    ap.add_argument("--jobs", type=int, default=1, help="studies run at once (processes)")
+    ap.add_argument("--smoke", action="store_true", help="2 seeds, 8 trials, one surface; writes nothing")
+    ap.add_argument("--out", type=Path, default=None, help="write the table here (with the command)")
+    args = ap.parse_args(argv)
+    surfaces = ["exl2_70b"] if args.smoke else args.surfaces.split(",")
+    seeds = range(args.first_seed, args.first_seed + (2 if args.smoke else args.seeds))
+    trials = 8 if args.smoke else args.trials
+    t0 = time.monotonic()
+    for s in surfaces:
+        _TRUTHS[s] = load(s, launchable=False)
+    jobs = [(s, method, seed, trials) for s in surfaces for seed in seeds for method in METHODS]
+    if args.jobs > 1:
+        with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+            rows = pool.starmap(one, jobs, chunksize=1)
+    else:
+        rows = [one(*job) for job in jobs]
+    console = Console(record=True, width=160, file=None if args.out is None else io.StringIO())
+    console.print(table(rows, surfaces))
+    console.print(f"{len(rows)} studies, {trials} trials each, seeds {seeds.start}-{seeds.stop - 1}; "
+                  f"{time.monotonic() - t0:.0f} s")
+    if args.out is not None:
+        cmd = "python bench/time_to_answer.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.out.write_text(f"$ {cmd}\n\n{console.export_text()}")
+        print(args.out.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
