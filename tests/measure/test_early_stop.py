@@ -73,7 +73,7 @@ def test_real_llamacpp_stops_after_the_first_batch_when_it_cannot_reach_the_incu
     r = _run(tmp_path, StopRule("decode_tps", True, 1e6, 2), quality=True)
     assert r.status == "stopped", (r.status, r.reason)
     assert r.reason.startswith("stopped early: decode_tps at most") and "incumbent 1e+06 (trial #2)" in r.reason
-    assert len(r.info["samples"]["decode_tps"]) == first_batch(5) == 2  # 3 requests never sent
+    assert len(r.samples["decode_tps"]) == first_batch(5) == 2  # 3 requests never sent
     assert r.metrics["decode_tps"] > 0 and r.metrics["load_s"] > 0
     assert "quality" not in r.times_s and "ppl" not in r.metrics  # the quality pass is skipped
 
@@ -82,9 +82,9 @@ def test_real_llamacpp_stops_after_the_first_batch_when_it_cannot_reach_the_incu
 def test_real_llamacpp_stops_on_a_bound_broken_beyond_noise_and_not_without_a_rule(tmp_path):
     r = _run(tmp_path, StopRule(bounds=(("ttft_p95_ms", "<=", 0.001),)))
     assert r.status == "stopped" and "ttft_p95_ms <= 0.001 broken beyond noise" in r.reason, r.reason
-    assert len(r.info["samples"]["ttft_ms"]) == 2
+    assert len(r.samples["ttft_ms"]) == 2
     full = _run(tmp_path, None)  # trial 0 and the re-measurement: never stopped
-    assert full.status == "ok" and len(full.info["samples"]["ttft_ms"]) == 5
+    assert full.status == "ok" and len(full.samples["ttft_ms"]) == 5
 
 
 @pytest.mark.parametrize("concurrency", [1, 3])

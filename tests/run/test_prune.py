@@ -107,9 +107,9 @@ def test_a_real_study_stops_trials_that_break_a_bound_and_says_so_everywhere(tmp
         assert t.user_attrs["reason"].startswith("stopped early: ttft_p95_ms <= 0.01 broken beyond noise")
         assert "quality" not in t.user_attrs["times_s"] and t.user_attrs["metrics"]["decode_tps"] > 0
         result = json.loads((d / "trials" / f"{t.number:04d}" / "result.json").read_text())
-        assert result["status"] == "stopped" and len(result["info"]["samples"]["ttft_ms"]) == 2
+        assert result["status"] == "stopped" and len(result["samples"]["ttft_ms"]) == 2
         assert f"#{t.number} stopped early: ttft_p95_ms <= 0.01" in proc.stdout
-    assert len(json.loads((d / "trials" / "0000" / "result.json").read_text())["info"]["samples"]["ttft_ms"]) == 3
+    assert len(json.loads((d / "trials" / "0000" / "result.json").read_text())["samples"]["ttft_ms"]) == 3
     assert "1 failed, 2 stopped early" in proc.stdout or ", 2 stopped early;" in proc.stdout, proc.stdout[-2000:]
     assert json.loads((d / "summary.json").read_text())["n_stopped"] == 2
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
