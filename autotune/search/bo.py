@@ -37,7 +37,6 @@ in flight enter each GP at their posterior mean.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Callable
 from collections.abc import Sequence
@@ -55,9 +54,11 @@ from autotune.search import design
 from autotune.search import front as frontlib
 from autotune.search import local
 from autotune.search import refine
+from autotune.search import turns
 from autotune.search.design import config_key
+from autotune.search.design import trial_keys
+from autotune.search.design import trial_params
 from autotune.search.pool import Pool
-from autotune.search.space import decode
 from autotune.search.space import encode
 from autotune.search.subsample import candidate_rows
 from autotune.search.subsample import train_rows
@@ -207,7 +208,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         """Every launchable configuration has been proposed and nothing enqueued is left
         (the driver then ends the study)."""
         trials = study.get_trials(deepcopy=False)
-        return not any(t.state == TrialState.WAITING for t in trials) and not len(self._free(_keys(trials)))
+        return not any(t.state == TrialState.WAITING for t in trials) and not len(self._free(trial_keys(trials)))
 
     # ---- the choice ------------------------------------------------------------------
     def _free(self, keys: dict[int, str]) -> np.ndarray:
@@ -219,9 +220,9 @@ class PoolSampler(optuna.samplers.BaseSampler):
         """The free pool configuration with the highest acquisition (None: none is left)."""
         pool = self.pool
         trials = study.get_trials(deepcopy=False)
-        keys = _keys(trials)
+        keys = trial_keys(trials)
         if pool.space is not None:  # a sample: trials measured outside it (trial 0, the design) join it
-            pool.grow([_params(t) for t in trials if keys[t.number] not in pool.index
+            pool.grow([trial_params(t) for t in trials if keys[t.number] not in pool.index
                        and t.state in TOLD], measured=True)
         free = self._free(keys)
         if not len(free):
@@ -257,8 +258,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
             free = self._free(keys)
         prior = self.prior(0, rows_ok, y, logged and maximize)
         centres = rows_ok[np.argsort(-y)][feasible[np.argsort(-y)]][: local.CENTRES]
-        lines = self._lines(centres) if local.turn(self._asks) else []
-        cover = self._cover_rows(trials) if design.COVER_LAZY and self._asks % 2 == 1 else []
+        lines = turns.lines(self, centres) if local.turn(self._asks) else []
+        cover = turns.cover_rows(self, trials) if design.COVER_LAZY and self._asks % 2 == 1 else []
         free = self._free(keys)
         cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
         extra = [r for r in [*(pool.index.get(config_key(c)) for c in lines), *cover] if r is not None]
@@ -276,7 +277,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         log_pf, log_pf_p = log_pf[: len(Xc)], log_pf[len(Xc):]
         if not feasible.any():  # nothing feasible yet: the likeliest feasible, faster first
             likely = log_pf + 1e-3 * mu
-            shown = _pick(cand, likely, cover)  # a level still missing is shown all the same
+            shown = turns.pick(cand, likely, cover)  # a level still missing is shown all the same
             return pool.params[int(shown if shown is not None else cand[np.argmax(likely)])]
         best = float(np.max((gp.fitted.predict(pool.X[rows_s]) + prior[rows_s])[feasible[sel]]))
         if not len(rows_p) or self.batch == "believer":
@@ -290,86 +291,9 @@ class PoolSampler(optuna.samplers.BaseSampler):
             acq = batchlib.log_ei(mu, sd, best) + batchlib.log_penalty(
                 Xc, mu, pending, mu_p + prior[rows_p], sd_p, best, scale, self._rng)
         score = acq + log_pf
-        turn = self._turn(cand, score, cover, centres, lines, gp, prior, keys, trials, y, feasible,
+        turn = turns.turn(self, cand, score, cover, centres, lines, gp, prior, keys, trials, y, feasible,
                           rows_ok, np.exp(log_pf), logged)
         return pool.params[int(turn if turn is not None else cand[np.argmax(score)])]
-
-    # ---- the local search and the lazy cover (issue 41) ---------------------------------
-    def _lines(self, centres: np.ndarray) -> list[dict[str, Any]]:
-        """The configurations on each ordered knob's line through each centre (pool rows);
-        a sampled pool grows by them."""
-        pool = self.pool
-        configs = [c for r in centres for p in local.ordered_knobs(self.space)
-                   for c in local.line(self.space, pool.params[r], p)]
-        if pool.space is not None:
-            pool.grow(configs)
-        return configs
-
-    def _cover_rows(self, trials: list[FrozenTrial]) -> list[int]:
-        """Free pool rows that show a level or branch no trial shows yet (design.COVER_LAZY)."""
-        shown = [_params(t) for t in trials]
-        missing = [t for t in design.cover_targets(self.space) if not any(design.shows(c, t) for c in shown)]
-        if not missing:
-            return []
-        told = {config_key(c) for c in shown}
-        rows: list[int] = []
-        for target in missing:  # the first level that a free, launchable configuration holds
-            rows = [i for i, c in enumerate(self.pool.params)
-                    if design.shows(c, target) and self.pool.keys[i] not in told]
-            if rows:
-                break
-        if len(rows) > 2000:
-            rows = self._rng.choice(rows, 2000, replace=False).tolist()
-        return rows
-
-    def _turn(self, cand: np.ndarray, score: np.ndarray, cover: list[int], centres: np.ndarray,
-              lines: list[dict[str, Any]], gp: _GP, prior: np.ndarray, keys: dict[int, str],
-              trials: list[FrozenTrial], y: np.ndarray, feasible: np.ndarray, rows_ok: np.ndarray,
-              p_feasible: np.ndarray, logged: bool) -> int | None:
-        """The pool row a cover or local turn proposes (None: the model's own choice)."""
-        pool = self.pool
-        shown = _pick(cand, score, cover)
-        if shown is not None:
-            return shown
-        if not lines or not len(centres):
-            return None
-        where = {int(r): i for i, r in enumerate(cand)}
-        line_rows = np.array(sorted({pool.index[k] for k in map(config_key, lines) if k in pool.index}), dtype=int)
-        mean = dict(zip(line_rows.tolist(), (gp.predict(pool.X[line_rows])[0] + prior[line_rows]).tolist()))
-        by_row = {int(r): float(v) for r, v, f in zip(rows_ok, y, feasible)}
-        feas = {int(r) for r, f in zip(rows_ok, feasible) if f}
-        done = {k for t in trials for k in [keys[t.number]] if t.state in (TrialState.COMPLETE, TrialState.FAIL)}
-        launched = {pool.index[keys[t.number]] for t in trials if keys[t.number] in pool.index
-                    and trial_attrs(t).kind == "launched"}
-        told = set(keys.values())
-
-        def know(c: dict[str, Any]) -> local.Known:
-            key = config_key(c)
-            r = pool.index.get(key)
-            if r is None:  # refused by the engine's check or fit prediction
-                return local.Known(measured=key in told, launchable=False)
-            m = mean.get(r, 0.0)
-            if r in launched:
-                return local.Known(True, by_row.get(r) if r in feas else None, m)
-            if key in done:  # told without a launch (refused before it)
-                return local.Known(True, None, m, launchable=False)
-            if r in where:
-                return local.Known(False, None, m, float(p_feasible[where[r]]))
-            return local.Known(True, m, m)  # in flight: neither a probe nor an edge
-
-        probes: list[int] = []
-        if local.EDGE:
-            cliff_at = math.log(local.CLIFF) if logged else -math.inf
-            for r in centres:
-                cliff = by_row[int(r)] + cliff_at
-                probes += [pool.index[config_key(c)] for c in local.edge_probes(self.space, pool.params[r], cliff, know)
-                           if config_key(c) in pool.index and pool.index[config_key(c)] in where]
-        if not probes and local.TRUST:
-            probes = cand[local.near(pool.X, cand, centres)].tolist()
-        if not probes:
-            return None
-        idx = np.array([where[r] for r in dict.fromkeys(probes)])
-        return int(cand[idx[np.argmax(score[idx])]])
 
     def _choose_front(self, study: optuna.Study, ok: list[FrozenTrial], launched: list[FrozenTrial],
                       feasible: np.ndarray, failed: np.ndarray, row: dict[int, int], pending: np.ndarray,
@@ -452,12 +376,6 @@ class PoolSampler(optuna.samplers.BaseSampler):
         return out
 
 
-def _pick(cand: np.ndarray, score: np.ndarray, rows: list[int]) -> int | None:
-    """The pool row among ``rows`` that ``cand`` holds with the highest ``score`` (None: none)."""
-    mask = np.isin(cand, rows) if rows else np.zeros(len(cand), dtype=bool)
-    return int(cand[np.flatnonzero(mask)[np.argmax(score[mask])]]) if mask.any() else None
-
-
 def _front_rows(Y: np.ndarray, feasible: np.ndarray) -> np.ndarray:
     """Indices of the feasible rows of ``Y`` (every column maximised) that no other feasible row
     dominates, by the first column, best first."""
@@ -471,12 +389,3 @@ def _trusted_prior(log_bound: np.ndarray, rows: np.ndarray, y: np.ndarray) -> np
     the measured ``y`` at pool ``rows``, clipped to [0, 1] (how far the measurements trust it)."""
     trust = np.linalg.lstsq(np.vstack([log_bound[rows], np.ones(len(rows))]).T, y, rcond=None)[0][0]
     return float(np.clip(trust, 0.0, 1.0)) * log_bound
-
-
-def _params(t: FrozenTrial) -> dict[str, Any]:
-    """A trial's configuration: what the driver stored, else Optuna's params."""
-    return trial_attrs(t).params or {k: decode(v) for k, v in t.params.items()}
-
-
-def _keys(trials: list[FrozenTrial]) -> dict[int, str]:
-    return {t.number: config_key(_params(t)) for t in trials}

@@ -26,9 +26,13 @@ from optuna.distributions import IntDistribution
 from scipy.stats import qmc
 
 from autotune.search.space import DIGITS
+from autotune.search.space import decode
 from autotune.search.space import encode
+from autotune.search.trials import trial_attrs
 
 if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
     from autotune.search.space import Param
     from autotune.search.space import Space
 
@@ -106,6 +110,16 @@ def default_n_startup(n_trials: int) -> int:
 def config_key(params: dict[str, Any]) -> str:
     """A configuration's identity (duplicates have the same key)."""
     return json.dumps(params, sort_keys=True, default=str)
+
+
+def trial_params(t: FrozenTrial) -> dict[str, Any]:
+    """A trial's configuration: what the driver stored, else Optuna's params."""
+    return trial_attrs(t).params or {k: decode(v) for k, v in t.params.items()}
+
+
+def trial_keys(trials: list[FrozenTrial]) -> dict[int, str]:
+    """Each trial's :func:`config_key`, by trial number."""
+    return {t.number: config_key(trial_params(t)) for t in trials}
 
 
 def from_unit(p: Param, u: float) -> Any:
