@@ -258,8 +258,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
             free = self._free(keys)
         prior = self.prior(0, rows_ok, y, logged and maximize)
         centres = rows_ok[np.argsort(-y)][feasible[np.argsort(-y)]][: local.CENTRES]
-        lines = turns.lines(self, centres) if local.turn(self._asks) else []
-        cover = turns.cover_rows(self, trials) if design.COVER_LAZY and self._asks % 2 == 1 else []
+        lines = turns.lines(pool, self.space, centres) if local.turn(self._asks) else []
+        cover = turns.cover_rows(pool, self.space, trials, self._rng) if design.COVER_LAZY and self._asks % 2 == 1 else []
         free = self._free(keys)
         cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
         extra = [r for r in [*(pool.index.get(config_key(c)) for c in lines), *cover] if r is not None]
@@ -291,7 +291,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             acq = batchlib.log_ei(mu, sd, best) + batchlib.log_penalty(
                 Xc, mu, pending, mu_p + prior[rows_p], sd_p, best, scale, self._rng)
         score = acq + log_pf
-        turn = turns.turn(self, cand, score, cover, centres, lines, gp, prior, keys, trials, y, feasible,
+        turn = turns.turn(pool, self.space, cand, score, cover, centres, lines, gp, prior, keys, trials, y, feasible,
                           rows_ok, np.exp(log_pf), logged)
         return pool.params[int(turn if turn is not None else cand[np.argmax(score)])]
 

@@ -1,6 +1,6 @@
 """The turns that overrule the model's own choice (issue 41): the lazy cover and the local search.
 
-:class:`~autotune.search.bo.PoolSampler` asks these at each model ask. :func:`cover_rows`: the
+bo's :class:`~autotune.search.bo.PoolSampler` asks these at each model ask. :func:`cover_rows`: the
 free pool rows that show a level or branch no trial shows yet (``design.COVER_LAZY``: without a
 prior the design no longer grows to cover every level; bo shows each missing level on its
 1st, 3rd, 5th ... model ask). :func:`lines` and :func:`turn`: the edge probes and the trust
@@ -26,44 +26,43 @@ from autotune.search.trials import trial_attrs
 if TYPE_CHECKING:
     from optuna.trial import FrozenTrial
 
-    from autotune.search.bo import PoolSampler
+    from autotune.search.pool import Pool
+    from autotune.search.space import Space
 
 
-def lines(sampler: PoolSampler, centres: np.ndarray) -> list[dict[str, Any]]:
+def lines(pool: Pool, space: Space, centres: np.ndarray) -> list[dict[str, Any]]:
     """The configurations on each ordered knob's line through each centre (pool rows);
     a sampled pool grows by them."""
-    pool = sampler.pool
-    configs = [c for r in centres for p in local.ordered_knobs(sampler.space)
-               for c in local.line(sampler.space, pool.params[r], p)]
+    configs = [c for r in centres for p in local.ordered_knobs(space)
+               for c in local.line(space, pool.params[r], p)]
     if pool.space is not None:
         pool.grow(configs)
     return configs
 
 
-def cover_rows(sampler: PoolSampler, trials: list[FrozenTrial]) -> list[int]:
+def cover_rows(pool: Pool, space: Space, trials: list[FrozenTrial], rng: np.random.Generator) -> list[int]:
     """Free pool rows that show a level or branch no trial shows yet (design.COVER_LAZY)."""
     shown = [trial_params(t) for t in trials]
-    missing = [t for t in design.cover_targets(sampler.space) if not any(design.shows(c, t) for c in shown)]
+    missing = [t for t in design.cover_targets(space) if not any(design.shows(c, t) for c in shown)]
     if not missing:
         return []
     told = {config_key(c) for c in shown}
     rows: list[int] = []
     for target in missing:  # the first level that a free, launchable configuration holds
-        rows = [i for i, c in enumerate(sampler.pool.params)
-                if design.shows(c, target) and sampler.pool.keys[i] not in told]
+        rows = [i for i, c in enumerate(pool.params)
+                if design.shows(c, target) and pool.keys[i] not in told]
         if rows:
             break
     if len(rows) > 2000:
-        rows = sampler._rng.choice(rows, 2000, replace=False).tolist()
+        rows = rng.choice(rows, 2000, replace=False).tolist()
     return rows
 
 
-def turn(sampler: PoolSampler, cand: np.ndarray, score: np.ndarray, cover: list[int], centres: np.ndarray,
+def turn(pool: Pool, space: Space, cand: np.ndarray, score: np.ndarray, cover: list[int], centres: np.ndarray,
          lines: list[dict[str, Any]], gp: Any, prior: np.ndarray, keys: dict[int, str],
          trials: list[FrozenTrial], y: np.ndarray, feasible: np.ndarray, rows_ok: np.ndarray,
          p_feasible: np.ndarray, logged: bool) -> int | None:
     """The pool row a cover or local turn proposes (None: the model's own choice)."""
-    pool = sampler.pool
     shown = pick(cand, score, cover)
     if shown is not None:
         return shown
@@ -98,7 +97,7 @@ def turn(sampler: PoolSampler, cand: np.ndarray, score: np.ndarray, cover: list[
         cliff_at = math.log(local.CLIFF) if logged else -math.inf
         for r in centres:
             cliff = by_row[int(r)] + cliff_at
-            probes += [pool.index[config_key(c)] for c in local.edge_probes(sampler.space, pool.params[r], cliff, know)
+            probes += [pool.index[config_key(c)] for c in local.edge_probes(space, pool.params[r], cliff, know)
                        if config_key(c) in pool.index and pool.index[config_key(c)] in where]
     if not probes and local.TRUST:
         probes = cand[local.near(pool.X, cand, centres)].tolist()
