@@ -52,7 +52,7 @@ def studies(tmp_path_factory):
     try:
         for line in proc.stdout:
             lines.append(line)
-            if re.search(r"#1 ok ", line):
+            if re.search(r"#1 (?!started)", line):  # ok, stopped early, failed: trial #1 has ended
                 break
         proc.send_signal(signal.SIGINT)
         try:

@@ -169,10 +169,10 @@ def test_multiturn_on_real_llamacpp_grows_and_prefix_cache_cuts_late_ttft(tmp_pa
         return result
 
     plain, cached = trial(False), trial(True)
-    turns = plain.info["samples"]["per_turn"]
+    turns = plain.samples["per_turn"]
     tokens = [t["prompt_tokens"] for t in turns]
     assert [t["turn"] for t in turns] == [1, 2, 3, 4, 5]
     assert all(b - a >= 100 for a, b in zip(tokens, tokens[1:], strict=False))  # the history grows
-    assert cached.info["samples"]["per_turn"][-1]["prompt_tokens"] == tokens[-1]
+    assert cached.samples["per_turn"][-1]["prompt_tokens"] == tokens[-1]
     assert plain.metrics["ttft_growth_pct"] > 0
     assert cached.metrics["ttft_last_turn_ms"] < 0.6 * plain.metrics["ttft_last_turn_ms"]

@@ -105,7 +105,7 @@ def test_join_a_running_head_by_address(head, tmp_path):
     summary, log = run_study(cfg, space)  # Placement joins, then disconnects
     assert not ray.is_initialized()
     finished, recs = study_records(cfg)
-    assert finished == 3 and all(r.status == "ok" for r in recs.values()), log
+    assert finished == 3 and all(r.status in ("ok", "stopped") for r in recs.values()), log
     events = trial_events(cfg)
     head_raylets = {ev["start"]["raylet_pid"] for ev in events.values()}
     assert len(head_raylets) == 1 and int(head_raylets.pop()) in _pids_under(temp_dir)
@@ -174,7 +174,7 @@ def test_trials_spread_over_nodes_on_disjoint_gpus(cluster, tmp_path):
                              space=space, enqueue=enqueue)
     summary, log = run_study(cfg, space)
     finished, recs = study_records(cfg)
-    assert finished == 10 and all(r.status == "ok" for r in recs.values()), log
+    assert finished == 10 and all(r.status in ("ok", "stopped") for r in recs.values()), log
     events = trial_events(cfg)
     nodes = {ev["start"]["raylet_pid"] for ev in events.values()}
     assert len(nodes) == 2, "trials did not spread over both nodes"
@@ -207,7 +207,7 @@ def test_a_node_that_dies_fails_only_its_trial(cluster, tmp_path):
     finished, recs = study_records(cfg)
     assert finished == 5, log
     assert recs[victim].status == "failed" and "Ray task lost" in recs[victim].reason, log
-    assert all(r.status == "ok" for n, r in recs.items() if n != victim), log
+    assert all(r.status in ("ok", "stopped") for n, r in recs.items() if n != victim), log
     assert elapsed < 55, f"the driver waited {elapsed:.0f} s for a dead node"
     assert not process_alive(killer.event["ppid"])
     assert wait_gone([ev["start"]["pid"] for ev in trial_events(cfg).values()]) == []

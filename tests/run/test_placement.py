@@ -58,7 +58,7 @@ def test_trials_get_their_own_gpus(local_ray, tmp_path):
     summary, log = run_study(cfg, space)
     finished, recs = study_records(cfg)
     assert finished == 8, log
-    assert all(r.status == "ok" for r in recs.values()), log
+    assert all(r.status in ("ok", "stopped") for r in recs.values()), log
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
     events = trial_events(cfg)
     assert sorted(events) == list(range(8))
@@ -120,7 +120,7 @@ def test_killed_ray_worker_fails_only_its_trial(local_ray, tmp_path):
     assert finished == 5, log
     assert recs[victim].status == "failed"
     assert "Ray task lost" in recs[victim].reason, recs[victim].reason
-    assert all(r.status == "ok" for n, r in recs.items() if n != victim), log
+    assert all(r.status in ("ok", "stopped") for n, r in recs.items() if n != victim), log
     assert victim in died and not process_alive(died[victim]) and not process_alive(killer.event["ppid"])
     events = trial_events(cfg)
     assert "end" not in events[victim]
