@@ -15,18 +15,21 @@ measured reuses it and skips the quality pass (``quality.reuse``). A crash costs
 end-of-study re-measurement costs a load and a workload per run, in both methods.
 
 Methods: ``before`` is the code before issue 43 (``study.early_stop=false``, no quality reuse,
-every trial at full cost); ``issue43`` is the new default (stop early, reuse quality). Both see
-the same paired noise (the surfaces' ``noise_seed``): they differ only in what they stop and
-what they charge. Not modelled: the driver's own time (bo's pool build stalled 230 s once per
+every trial at full cost); the others stop early and reuse quality, each with its own early-stop
+rule (``--rule``, ``RULES``: the knobs of :mod:`autotune.measure.early_stop`): ``now`` the
+shipped defaults, ``issue43`` the first rule (a bootstrap CI of the median, no run-to-run
+noise), the rest variants measured while tuning it. All see the same paired noise (the
+surfaces' ``noise_seed``): they differ only in what they stop and what they charge. Not modelled: the driver's own time (bo's pool build stalled 230 s once per
 study before issue 43's header cache), which would only widen the gap.
 
 Per surface and method: seeds reaching 95% of the optimum by the end of the budget (with its
 Wilson 95% interval), median [quartiles] hours to 95% over those seeds, the ratio of the
 medians, the median [quartiles] hours of the whole budget, the trials stopped early per study
 and how many of those stops the truth disproves (stopped on the incumbent while truly better
-than it, or on a bound while truly feasible).
+than it, or on a bound while truly feasible), per study and in all.
 
     python bench/time_to_answer.py --seeds 100 --first-seed 100          # the report set
+    python bench/time_to_answer.py --first-seed 1000 --seeds 12 --no-before --rule issue43,t,t-run  # tuning
     python bench/time_to_answer.py --smoke                               # CI: 2 seeds, 8 trials
 """
 
@@ -65,6 +68,17 @@ COSTS = {"exl2_70b": (60.0, 90.0, 60.0, 30.0), "streamer_70b": (60.0, 90.0, 60.0
 QUALITY_KNOBS = {"exl2_70b": ("bpw", "cache_mode"), "streamer_70b": ("skip_threshold", "kv_type"),
                  "llamacpp_7b": ("quant", "type_k", "type_v")}
 METHODS = {"before": ["study.early_stop=false"], "issue43": []}
+# --rule: the early-stop rule variants run beside "before" (autotune.measure.early_stop's knobs);
+# "issue43" is the first rule (a bootstrap CI of the median), "now" the shipped defaults
+RULES = {
+    "issue43": {"INTERVAL": "bootstrap", "RUN_NOISE": 0.0, "MIN_OBJECTIVE_SAMPLES": 2},
+    "t": {"INTERVAL": "t", "RUN_NOISE": 0.0, "MIN_OBJECTIVE_SAMPLES": 2},
+    "t-run": {"INTERVAL": "t", "RUN_NOISE": 1.0, "MIN_OBJECTIVE_SAMPLES": 2},
+    "t-run-half": {"INTERVAL": "t", "RUN_NOISE": 0.5, "MIN_OBJECTIVE_SAMPLES": 2},
+    "t-run-whole": {"INTERVAL": "t", "RUN_NOISE": 1.0, "MIN_OBJECTIVE_SAMPLES": 5},
+    "issue43-whole": {"INTERVAL": "bootstrap", "RUN_NOISE": 0.0, "MIN_OBJECTIVE_SAMPLES": 5},
+    "now": {},
+}
 REQUEST_NOISE = 0.03  # per-request scatter around the trial's measured numbers (log-normal sigma)
 LEVEL = 0.95
 
@@ -135,13 +149,32 @@ class ClockedPlacement(SimPlacement):
 _TRUTHS: dict[str, Truth] = {}  # filled before the worker processes fork
 
 
+def _rule(method: str) -> dict:
+    """The early-stop knobs of a method (``before``: none, it never stops)."""
+    from autotune.measure import early_stop
+
+    if method not in RULES:
+        return {}
+    return {name: getattr(early_stop, name) for name in ("INTERVAL", "RUN_NOISE", "MIN_OBJECTIVE_SAMPLES")} \
+        | RULES[method]
+
+
 def one(truth: Truth | str, method: str, seed: int, trials: int) -> dict:
     """One study: hours to 95% of the optimum (inf: never), hours of the whole budget."""
+    from autotune.measure import early_stop
+
     truth = _TRUTHS[truth] if isinstance(truth, str) else truth
     placement = ClockedPlacement(truth.name, reuse=method != "before")
-    done, _, _ = fast_study([f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
-                             f"engine.settings.vars.noise_seed={seed}", *METHODS[method]],
-                            placement=placement)
+    saved = _rule("now")
+    for name, value in _rule(method).items():
+        setattr(early_stop, name, value)
+    try:
+        done, _, _ = fast_study([f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
+                                 f"engine.settings.vars.noise_seed={seed}", *METHODS.get(method, [])],
+                                placement=placement)
+    finally:
+        for name, value in saved.items():
+            setattr(early_stop, name, value)
     best, reached = -math.inf, math.inf
     for t in done:  # launch order: the configuration the study would pick after each trial
         if t["status"] == "ok" and satisfies(t["metrics"], truth.constraints) and t["metrics"][truth.metric] > best:
@@ -172,15 +205,15 @@ def _fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} [{lo:.2f}-{hi:.2f}]"
 
 
-def table(rows: list[dict], surfaces: list[str]) -> Table:
+def table(rows: list[dict], surfaces: list[str], methods: list[str]) -> Table:
     t = Table(title=f"time to {LEVEL:.0%} of the optimum (virtual clock, hours)")
     for col in ("surface", "method", "seeds", f"reached {LEVEL:.0%} [Wilson]", f"hours to {LEVEL:.0%}",
                 "ratio", "hours, whole budget", "ratio ", "stopped early / study",
-                "of them wrong (truly better)"):
+                "wrong / study", "wrong (truly better)"):
         t.add_column(col)
     for s in surfaces:
-        med = {}
-        for method in METHODS:
+        med = {"before": (math.nan, math.nan)}
+        for method in methods:
             rs = [r for r in rows if r["surface"] == s and r["method"] == method]
             hit = [r["to95_h"] for r in rs if math.isfinite(r["to95_h"])]
             med[method] = (statistics.median(hit) if hit else math.nan,
@@ -191,6 +224,7 @@ def table(rows: list[dict], surfaces: list[str]) -> Table:
             t.add_row(s, method, str(len(rs)), f"{len(hit)}/{len(rs)} [{lo:.2f}-{hi:.2f}]", _fmt(hit), ratio[0],
                       _fmt([r["total_h"] for r in rs]), ratio[1],
                       f"{statistics.mean([r['stopped'] for r in rs]):.1f}" if rs else "-",
+                      f"{statistics.mean([r['lost'] for r in rs]):.2f}" if rs else "-",
                       f"{sum(r['lost'] for r in rs)} in {sum(r['lost'] > 0 for r in rs)} seeds")
     return t
 
@@ -204,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=30, help="the budget, study.n_trials")
     ap.add_argument("--jobs", type=int, default=1, help="studies run at once (processes)")
     ap.add_argument("--smoke", action="store_true", help="2 seeds, 8 trials, one surface; writes nothing")
+    ap.add_argument("--rule", default="now", help=f"comma-separated early-stop rules run beside 'before' "
+                    f"({', '.join(RULES)}; 'now': the shipped defaults, 'issue43': the first rule)")
+    ap.add_argument("--no-before", action="store_true", help="skip 'before' (the ratios then read '-')")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (with the command)")
     args = ap.parse_args(argv)
     surfaces = ["exl2_70b"] if args.smoke else args.surfaces.split(",")
@@ -212,14 +249,18 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for s in surfaces:
         _TRUTHS[s] = load(s, launchable=False)
-    jobs = [(s, method, seed, trials) for s in surfaces for seed in seeds for method in METHODS]
+    methods = ([] if args.no_before else ["before"]) + args.rule.split(",")
+    unknown = [m for m in methods if m not in RULES and m != "before"]
+    if unknown:
+        ap.error(f"unknown --rule {', '.join(unknown)}; known: {', '.join(RULES)}")
+    jobs = [(s, method, seed, trials) for s in surfaces for seed in seeds for method in methods]
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             rows = pool.starmap(one, jobs, chunksize=1)
     else:
         rows = [one(*job) for job in jobs]
     console = Console(record=True, width=160, file=None if args.out is None else io.StringIO())
-    console.print(table(rows, surfaces))
+    console.print(table(rows, surfaces, methods))
     console.print(f"{len(rows)} studies, {trials} trials each, seeds {seeds.start}-{seeds.stop - 1}; "
                   f"{time.monotonic() - t0:.0f} s")
     if args.out is not None:

@@ -21,14 +21,21 @@ from autotune.trial.spec import TrialSpec
 from autotune.trial.worker import execute
 
 RAW = {"decode_tps": [40.0, 42.0], "ttft_ms": [300.0, 320.0], "e2e_ms": [900.0, 950.0]}
+FAR = {"decode_tps": [20.0, 20.5]}  # a third of the incumbent's rate: clear from 2 requests
+# the whole workload of a trial 5-8% below an incumbent that read high (the best of noisy runs):
+# a bootstrap CI of 5 requests (at most 57.9) is under 95% of 62, but the run-to-run noise is not
+CLOSE = {"decode_tps": [56.0, 56.8, 57.3, 57.6, 57.9]}
 
 
 @pytest.mark.parametrize(("rule", "raw", "metrics", "stops"), [
-    (StopRule("decode_tps", True, 60.0, 3), RAW, {}, "cannot reach the incumbent 60 (trial #3)"),
+    (StopRule("decode_tps", True, 60.0, 3), FAR, {}, "cannot reach the incumbent 60 (trial #3)"),
+    (StopRule("decode_tps", True, 60.0, 3), RAW, {}, None),  # 2 requests, 30% below: not beyond noise
+    (StopRule("decode_tps", True, 62.0, 3), CLOSE, {}, None),  # within the run-to-run noise: go on
+    (StopRule("decode_tps", True, 75.0, 3), CLOSE, {}, "at most 59.63"),  # 25% below: stop
     (StopRule("decode_tps", True, 43.0, 3), RAW, {}, None),  # within 5% of its best sample: go on
     (StopRule("decode_tps", True, None), RAW, {}, None),  # no incumbent yet
     (StopRule("decode_tps", True, 60.0), {"decode_tps": [40.0]}, {}, None),  # one sample: no spread
-    (StopRule("ttft_p95_ms", False, 100.0), RAW, {}, "ttft_p95_ms at least 300"),  # minimised objective
+    (StopRule("ttft_p95_ms", False, 100.0), RAW, {}, "ttft_p95_ms at least 152.4"),  # minimised objective
     (StopRule("ttft_p95_ms", False, 310.0), RAW, {}, None),
     (StopRule(bounds=(("ttft_p95_ms", "<=", 200.0),)), RAW, {}, "ttft_p95_ms <= 200 broken beyond noise"),
     (StopRule(bounds=(("ttft_p95_ms", "<=", 310.0),)), RAW, {}, None),  # 300 is inside its CI
@@ -43,6 +50,36 @@ def test_verdict(rule, raw, metrics, stops):
     assert (why is None) == (stops is None), why
     if stops:
         assert why.startswith(PREFIX) and stops in why, why
+
+
+def test_the_first_rule_stopped_what_the_run_to_run_noise_explains(monkeypatch):
+    """Issue 43's first rule (a bootstrap CI of the median, no run-to-run noise) stopped both a
+    trial 2 requests into it and a whole workload 5-8% below an incumbent that read high; on the
+    70B EXL2 bench 102 of 920 such stops were of configurations truly better than the incumbent.
+    The bench's ``--rule issue43`` sets these knobs."""
+    from autotune.measure import early_stop
+
+    rule, close = StopRule("decode_tps", True, 62.0, 3), StopRule("decode_tps", True, 60.0, 3)
+    assert verdict(rule, {}, CLOSE) is None and verdict(close, {}, RAW) is None
+    monkeypatch.setattr(early_stop, "INTERVAL", "bootstrap")
+    monkeypatch.setattr(early_stop, "RUN_NOISE", 0.0)
+    assert "at most 57.9" in verdict(rule, {}, CLOSE) and "at most 42" in verdict(close, {}, RAW)
+
+
+def test_t975_is_the_students_quantile():
+    from autotune.measure.early_stop import t975
+
+    assert [round(t975(d), 3) for d in (1, 2, 4, 30)] == [12.706, 4.303, 2.776, 2.042]
+
+
+def test_the_interval_widens_with_the_run_to_run_noise_and_narrows_with_requests(monkeypatch):
+    from autotune.measure import early_stop
+
+    two, five = early_stop.level_interval(RAW["decode_tps"]), early_stop.level_interval(CLOSE["decode_tps"])
+    assert two[0] < 40.0 and two[1] > 60.0  # 2 requests: t = 12.7 on 1 dof
+    assert five[0] < 56.0 and 59.0 < five[1] < 60.0
+    monkeypatch.setattr(early_stop, "RUN_NOISE", 0.0)
+    assert five[0] < early_stop.level_interval(CLOSE["decode_tps"])[0] < 57.3  # narrower without it
 
 
 @pytest.mark.parametrize(("n", "k"), [(1, 0), (2, 0), (3, 2), (5, 2), (6, 2), (9, 3), (20, 7)])
