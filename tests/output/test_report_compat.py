@@ -202,7 +202,9 @@ def test_a_real_study_reads_back_byte_for_byte_and_reports_as_before(local_ray, 
     from tests.helpers.ray_cluster import fake_config
     from tests.helpers.ray_cluster import run_study
 
-    cfg, _ = fake_config(tmp_path, ["study.n_trials=4", "space.duration_s.value=0.0", "ray.max_concurrent=2"])
+    # early stop off: the legacy renderer below predates it and never writes "N stopped early"
+    cfg, _ = fake_config(tmp_path, ["study.n_trials=4", "space.duration_s.value=0.0", "ray.max_concurrent=2",
+                                    "study.early_stop=false"])
     data = copy.deepcopy(cfg.raw)
     data["select"].update(top_k=1, rerun_repeats=2)  # a re-measurement, so every verdict key is written
     # the preset's 25 ms TTFT bound is met by the fake's real sleeps (~6-26 ms) with a few ms to
