@@ -78,6 +78,9 @@ def write_preset(work: Path, args: argparse.Namespace, items: list[dict]) -> Non
         "workload": {"max_tokens": 16, "warmup": 0, "repeats": 2},
         "quality": {"enabled": False},
         "select": {"top_k": 0},
+        # report.html yes, its PNGs no: kaleido's headless Chromium hung once at a study's end under
+        # CI's load (2026-11-27), and the soak is about kills and resumes, not image export
+        "report": {"png": False},
         "tracking": {"uri": f"sqlite:///{work}/mlruns/mlflow.db",
                      "artifacts": str(work / "mlruns" / "artifacts")},
         "ray": {"num_cpus": args.slots, "num_gpus": args.slots, "max_concurrent": args.slots},
