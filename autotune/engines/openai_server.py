@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -46,6 +45,8 @@ from typing import Any
 import yaml
 
 from autotune._files import write_atomic
+from autotune._process_group import descendants
+from autotune._process_group import stop_tree
 from autotune.engines._argv import render_argv
 from autotune.engines._argv import render_item
 from autotune.engines._config_doc import check_config_file
@@ -343,52 +344,7 @@ class OpenAIServerEngine(Engine):
 
 
 def stop_server(proc: subprocess.Popen, grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the server, SIGKILL after ``grace_s``; then kill descendants it left behind.
-
-    Descendants (e.g. vLLM's engine-core and worker processes) are listed before the
-    server is stopped and killed only if the same process (pid and start time) still runs.
-    """
-    children = descendants(proc.pid)
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    for pid, started in children:
-        if _start_time(pid) == started:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()
-
-
-def _start_time(pid: int) -> str | None:
-    fields = _stat_fields(pid)
-    return fields[19] if fields else None
-
-
-def descendants(pid: int) -> list[tuple[int, str]]:
-    """(pid, start time) of every descendant of ``pid``, read from /proc ([] without it)."""
-    parents: dict[int, list[tuple[int, str]]] = {}
-    for entry in Path("/proc").glob("[0-9]*"):
-        fields = _stat_fields(int(entry.name))
-        if fields:
-            parents.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
-    out: list[tuple[int, str]] = []
-    todo = [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child[0])
-    return out
+    """SIGTERM the server, SIGKILL after ``grace_s``; then kill descendants it left behind
+    (e.g. vLLM's engine-core and worker processes): :func:`autotune._process_group.stop_tree`."""
+    stop_tree(proc, grace_s)
 

@@ -6,7 +6,8 @@ trials that were measured, so failed and rule-refused trials (told to Optuna wit
 values, see :mod:`autotune.record.optuna_study`) do not appear as points. The winner and the baseline are
 marked on the Pareto front. The page is self-contained (plotly.js inline) and also lists
 every trial with its status and reason, the constraints and the noise verdict. PNGs are
-written by kaleido (it drives a headless Chromium); without one the PNGs are skipped with
+written by kaleido (a headless Chromium) in a child process with a time limit
+(:mod:`autotune.output.pngs`); without a browser, or past the limit, the PNGs are skipped with
 a note and the HTML is still written.
 """
 
@@ -27,6 +28,7 @@ from autotune.objectives import get_metric
 from autotune.output.headroom_html import HEADROOM_COLUMNS
 from autotune.output.headroom_html import headroom_html
 from autotune.output.headroom_html import load_curve_figure
+from autotune.output.pngs import write_pngs
 from autotune.record.optuna_study import copied_attrs
 from autotune.record.study_dirs import constraints_as_written
 from autotune.record.study_dirs import load_study
@@ -290,23 +292,5 @@ def render_report(config: Config, study: optuna.Study, summary: StudySummary | N
     write_atomic(files[0], page)
     files[0].chmod(0o644)
     if png:
-        files += write_pngs({k: f for k, f in figs.items() if f is not None}, out)
+        files += write_pngs({k: f for k, f in figs.items() if f is not None}, out, FIG_W, FIG_H)
     return files
-
-
-def write_pngs(figs: dict[str, go.Figure], out: Path) -> list[Path]:
-    """PNG of each figure through kaleido (headless Chromium); [] with a warning if it cannot."""
-    import plotly.io as pio
-
-    paths = [out / f"{name}.png" for name in figs]
-    try:
-        pio.write_images(list(figs.values()), paths, width=FIG_W, height=FIG_H)
-    except Exception as e:  # noqa: BLE001 - no Chromium / kaleido: the HTML still stands
-        import sys
-
-        why = next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)
-        if "chrome" in f"{e} {e.__context__}".lower():  # plotly's message starts with blank lines
-            why = "no Chrome/Chromium for kaleido; fix: apt-get install chromium (or plotly_get_chrome)"
-        print(f"warning: PNGs skipped ({why}); report.html is complete", file=sys.stderr)
-        return []
-    return paths

@@ -10,7 +10,7 @@ import socket
 import time
 from pathlib import Path
 
-from autotune.engines.openai_server import descendants
+from autotune._process_group import descendants
 
 HOST = "127.0.0.1"
 __all__ = ["children_of", "listening_ports", "port_open", "wait_gone"]
