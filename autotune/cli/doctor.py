@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from autotune.cli._checks import check_chromium
 from autotune.cli._checks import check_cpu
 from autotune.cli._checks import check_gpus
+from autotune.cli._checks import check_load
 from autotune.cli._checks import check_mlflow
 from autotune.cli._checks import check_ray
 from autotune.engines.doctor import Check
@@ -85,7 +86,7 @@ def gate_checks(cfg: Config) -> list[Check]:
 
     out = check_mlflow(cfg.tracking.uri) if cfg.tracking.enabled else []
     engine = get_engine_class(cfg.engine.kind)
-    return out + engine.gate_checks(as_dict(cfg.engine.settings), dict(cfg.space or {}))
+    return [check_load()] + out + engine.gate_checks(as_dict(cfg.engine.settings), dict(cfg.space or {}))
 
 
 def gate(cfg: Config) -> None:

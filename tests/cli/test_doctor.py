@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from autotune.cli._checks import check_load
 from autotune.cli._checks import check_mlflow
 from autotune.cli._checks import physical_cores
 from autotune.cli.doctor import blocking
@@ -178,3 +179,29 @@ def test_doctor_says_whether_llama_server_is_a_cuda_build(tmp_path, monkeypatch)
     assert check.verdict == "ok" and check.detail == f"{fake} (CUDA build: CUDA0: NVIDIA H100 80GB HBM3 (81079 MiB, 80562 MiB free))"
     fake.write_text("#!/bin/sh\nprintf 'Available devices:\\n  (none)\\n'\n")  # what a CPU build prints
     assert build.check_llama_server()[0].detail == f"{fake} (CPU build)"
+
+
+@pytest.mark.parametrize(("load", "cpus", "verdict"), [
+    (4.6, 2, "warn"),   # the default study beside two benchmark jobs: no trial met TTFT p95 <= 300 ms
+    (1.0, 2, "warn"),   # one of two cores taken
+    (0.9, 2, "ok"),
+    (3.0, 16, "ok"),    # under half of the CPUs
+    (9.0, 16, "warn"),
+])
+def test_a_busy_machine_is_a_warning_naming_the_load(load: float, cpus: int, verdict: str) -> None:
+    check = check_load(load, cpus)
+    assert check.verdict == verdict
+    assert f"load average {load:.1f} over {cpus} usable CPUs" in check.detail
+    if verdict == "warn":
+        assert check.detail.startswith("busy: ") and check.fix == "run when the machine is idle"
+
+
+def test_the_run_checks_the_load_of_this_machine_before_it_starts(tmp_path) -> None:
+    from autotune.cli.doctor import gate_checks
+    from autotune.config.compose import compose
+    from autotune.config.schema import load_config
+
+    cfg = load_config(compose(["conf=local_cpu", f"study.dir={tmp_path}/s", "tracking.enabled=false"]))
+    load = next(c for c in gate_checks(cfg) if c.name == "CPU load")
+    assert load.verdict in ("ok", "warn") and "usable CPUs (1 min)" in load.detail
+    assert list(tmp_path.iterdir()) == []
