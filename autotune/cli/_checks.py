@@ -72,7 +72,7 @@ def check_load(load: float | None = None, cpus: int | None = None) -> Check:
     cpus = cpus or cpu_count()
     detail = f"load average {load:.1f} over {cpus} usable CPUs (1 min)"
     if load >= max(1.0, BUSY_SHARE * cpus):
-        return Check("CPU load", "warn", f"busy: {detail}; timings are slower and noisier, and latency "
+        return Check("CPU load", "warn", f"{detail}: busy, so timings are slower and noisier, and latency "
                      "bounds may fail for every configuration", "run when the machine is idle", ALL)
     return Check("CPU load", "ok", detail, "", ALL)
 
