@@ -47,6 +47,9 @@ def _run_remote(spec_json: str) -> str:
     return result.to_json()
 
 
+RAY_TOKEN_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
 class Placement:
     """Submits trials to Ray and collects their results. Owned by the driver thread."""
 
@@ -62,7 +65,10 @@ class Placement:
                 if cfg.address:
                     ray.init(address=cfg.address, **kwargs)
                 else:
-                    # address="local": always a fresh embedded instance, never a head found on this box
+                    # address="local": always a fresh embedded instance, never a head found on this box.
+                    # Its token authentication (Ray's default) stays; Ray's line announcing it does not
+                    # open every run's console
+                    logging.getLogger(RAY_TOKEN_LOGGER).setLevel(logging.ERROR)
                     ray.init(address="local", num_cpus=cfg.num_cpus or cpu_count(),
                              num_gpus=cfg.num_gpus, resources=cfg.resources or None, **kwargs)
             self.owns_ray = True
