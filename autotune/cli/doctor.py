@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,15 +88,15 @@ def gate_checks(cfg: Config) -> list[Check]:
     return [check_load()] + out + engine.gate_checks(as_dict(cfg.engine.settings), dict(cfg.space or {}))
 
 
-def gate(cfg: Config) -> None:
-    """Raise :class:`DoctorFailed` for the first failed check of ``cfg``'s engine; warn on warns."""
+def gate(cfg: Config) -> list[str]:
+    """Raise :class:`DoctorFailed` for the first failed check of ``cfg``'s engine; return the
+    lines of its warnings, which the run prints once the study has started (a bad input found
+    after the gate is still the only line on stderr)."""
     checks = gate_checks(cfg)
     failed = blocking(checks, cfg.engine.kind)
     if failed:
         raise DoctorFailed(failed[0])
-    for c in checks:
-        if c.verdict == "warn" and cfg.engine.kind in c.engines:
-            print(f"warning: {c.line()}", file=sys.stderr)
+    return [c.line() for c in checks if c.verdict == "warn" and cfg.engine.kind in c.engines]
 
 
 # ---- the command -----------------------------------------------------------------------------

@@ -104,10 +104,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         print_plan(cfg, space, baseline)
         return 0
+    warnings: list[str] = []
     if not args.no_doctor:
         from autotune.cli.doctor import gate
 
-        gate(cfg)  # the engine's doctor checks: a failure exits 2 with the doctor's line
+        warnings = gate(cfg)  # the engine's doctor checks: a failure exits 2 with the doctor's line
     from autotune.cli.commands import after_run
     from autotune.cli.commands import study_started
     from autotune.output.report import Reporter
@@ -134,6 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             for note in (lock.note, *notes):
                 if note:
                     reporter.note(note)
+            for line in warnings:  # the doctor's warnings (a busy CPU, a missing browser...)
+                reporter.warn(line)
             tracker = Tracker(cfg) if cfg.tracking.enabled else None
             placement = Placement(cfg.ray)  # a SIGTERM during Ray's start-up: Stopped (run.stop)
             driver = Driver(cfg, space, placement, tracker, reporter, seeds=seeds,
