@@ -33,7 +33,6 @@ and how many of those stops the truth disproves (stopped on the incumbent while 
 than it, or on a bound while truly feasible), per study and in all.
 
     python bench/time_to_answer.py --seeds 100 --first-seed 100          # the report set
-    python bench/time_to_answer.py --first-seed 1000 --seeds 12 --no-before --rule issue43,t,t-run  # tuning
     python bench/time_to_answer.py --first-seed 1000 --seeds 12 --no-before --levers none,shipped,refuse+qslice
     python bench/time_to_answer.py --smoke                               # CI: 2 seeds, 8 trials
 """
@@ -44,6 +43,7 @@ import argparse
 import contextlib
 import hashlib
 import io
+import json
 import math
 import multiprocessing
 import random
@@ -186,8 +186,7 @@ class ClockedPlacement(SimPlacement):
         timed = {"decode_tps": statistics.median(dec[:k]), "ttft_p50_ms": statistics.median(ttft[:k]),
                  "ttft_p95_ms": max(ttft[:k])}
         why = verdict(spec.early_stop, timed, {"decode_tps": dec[:k], "ttft_ms": ttft[:k]}) if k else None
-        if first == "qfirst":  # its partial numbers hold the quality it measured
-            timed["ppl_delta_pct"] = m["ppl_delta_pct"]
+        timed |= {"ppl_delta_pct": m["ppl_delta_pct"]} if first == "qfirst" else {}  # measured: kept
         if why:
             self.clock += load + self.workload_s * k / n
             return result.replace(status="stopped", reason=why, metrics=timed)
@@ -352,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levers", default="shipped", help=f"comma-separated lever sets run with each rule "
                     f"('+'-joined from {', '.join(LEVERS)}; 'none'; 'shipped': {'+'.join(SHIPPED)})")
     ap.add_argument("--no-before", action="store_true", help="skip 'before' (the ratios then read '-')")
+    ap.add_argument("--rows", type=Path, default=None, help="append each study's row here (JSON lines); "
+                    "rows already there are not run again")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (with the command)")
     args = ap.parse_args(argv)
     surfaces = ["exl2_70b"] if args.smoke else args.surfaces.split(",")
@@ -369,11 +370,21 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown --levers {', '.join(bad)}; known: {', '.join(LEVERS)} ('+'-joined), none, shipped")
     jobs = [(s, method, seed, trials) for s in surfaces for seed in seeds for method in methods]
+    kept = [json.loads(line) for line in args.rows.read_text().splitlines()] \
+        if args.rows is not None and args.rows.exists() else []
+    done = {(r["surface"], r["method"], r["seed"]) for r in kept}
+    jobs = [job for job in jobs if job[:3] not in done]
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             rows = pool.starmap(one, jobs, chunksize=1)
     else:
-        rows = [one(*job) for job in jobs]
+        rows = []
+        for job in jobs:  # each study's row kept as it ends (--rows): a run cut off resumes there
+            rows.append(one(*job))
+            if args.rows is not None:
+                with args.rows.open("a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
+    rows = [r for r in kept if r["surface"] in surfaces and r["method"] in methods and r["seed"] in seeds] + rows
     console = Console(record=True, width=160, file=None if args.out is None else io.StringIO())
     console.print(table(rows, surfaces, methods))
     console.print(f"{len(rows)} studies, {trials} trials each, seeds {seeds.start}-{seeds.stop - 1}; "
