@@ -18,7 +18,11 @@ Methods: ``before`` is the code before issue 43 (``study.early_stop=false``, no 
 every trial at full cost); the others stop early and reuse quality, each with its own early-stop
 rule (``--rule``, ``RULES``: the knobs of :mod:`autotune.measure.early_stop`): ``now`` the
 shipped defaults, ``issue43`` the first rule (a bootstrap CI of the median, no run-to-run
-noise), the rest variants measured while tuning it. All see the same paired noise (the
+noise), the rest variants measured while tuning it; ``RULE/LEVERS`` (``--levers``) runs a rule with
+other levers than the product ships (``LEVERS``: "refuse", the driver refusing a proposal whose
+measured quality breaks a quality bound, shipped; "qslice" and "qfirst", the quality pass or a
+first slice of it before the workload for a new quality key; "warm" and "sweep", estimates of
+keeping the engine loaded across per-request knobs: modelled here, not built). All see the same paired noise (the
 surfaces' ``noise_seed``): they differ only in what they stop and what they charge. Not modelled: the driver's own time (bo's pool build stalled 230 s once per
 study before issue 43's header cache), which would only widen the gap.
 
@@ -29,15 +33,17 @@ and how many of those stops the truth disproves (stopped on the incumbent while 
 than it, or on a bound while truly feasible), per study and in all.
 
     python bench/time_to_answer.py --seeds 100 --first-seed 100          # the report set
-    python bench/time_to_answer.py --first-seed 1000 --seeds 12 --no-before --rule issue43,t,t-run  # tuning
+    python bench/time_to_answer.py --first-seed 1000 --seeds 12 --no-before --levers none,shipped,refuse+qslice
     python bench/time_to_answer.py --smoke                               # CI: 2 seeds, 8 trials
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
+import json
 import math
 import multiprocessing
 import random
@@ -79,6 +85,25 @@ RULES = {
     "issue43-whole": {"INTERVAL": "bootstrap", "RUN_NOISE": 0.0, "MIN_OBJECTIVE_SAMPLES": 5},
     "now": {},
 }
+# --levers: what else a method does beside its rule (each a '+'-joined set of these; "shipped":
+# the product's defaults). "refuse": the driver refuses a proposal whose quality key was measured
+# and breaks a quality bound (autotune.run.quality_memo); "qslice": a trial measuring a new
+# quality key under a quality bound runs a first slice of the quality pass (QSLICE of it) before
+# its workload and stops when the bound is broken beyond noise, else measures the whole pass after
+# the workload as before (the slice is paid twice); "qfirst": the whole quality pass before the
+# workload (stopped there when broken; never skipped after a stop on the workload)
+# "warm" (an estimate for lever 4, not built): a trial whose knobs equal the previous trial's but
+# for the per-request ones (PER_REQUEST: what a server takes in the request body, as llama-server's
+# speculative.n_max) runs on the engine still loaded and pays no load
+# "sweep" (an estimate, with "warm"): after a trial measured whole, the driver measures the
+# per-request knob's neighbours (SWEEP_STEP either side) on the same load, enqueued next
+LEVERS = ("refuse", "qslice", "qfirst", "warm", "sweep")
+SWEEP_STEP = 2
+PER_REQUEST = {"exl2_70b": ("draft_k",), "streamer_70b": ("draft_k",), "llamacpp_7b": ()}
+SHIPPED = ("refuse",)
+QSLICE = 0.25  # of the quality pass (quality.n_tokens): 128 of 512 tokens
+QSLICE_SE = 0.15  # the slice's standard error, relative to the true ppl delta, plus QSLICE_SE_ABS
+QSLICE_SE_ABS = 0.2  # percentage points (a paired per-token estimate on 128 tokens)
 REQUEST_NOISE = 0.03  # per-request scatter around the trial's measured numbers (log-normal sigma)
 LEVEL = 0.95
 
@@ -91,13 +116,14 @@ class ClockedPlacement(SimPlacement):
     """SimPlacement with a virtual clock: each run adds its steps' costs; stages and quality
     reuse as the issue-43 worker and driver do them (``reuse``)."""
 
-    def __init__(self, surface: str, reuse: bool) -> None:
+    def __init__(self, surface: str, reuse: bool, levers: tuple[str, ...] = ()) -> None:
         super().__init__()
-        self.surface, self.reuse = surface, reuse
+        self.surface, self.reuse, self.levers = surface, reuse, levers
         self.load_lo, self.load_hi, self.workload_s, self.quality_s = COSTS[surface]
         self.clock = 0.0
         self.ends: dict[int, float] = {}  # search trial -> clock when it finished
         self.measured_keys: set[str] = set()
+        self.held: str | None = None  # "warm": the loaded engine's knobs, but the per-request ones
 
     def _load_s(self, params: dict) -> float:
         config = repr(sorted((k, str(v)) for k, v in params.items()))
@@ -110,6 +136,11 @@ class ClockedPlacement(SimPlacement):
         result = super().run_now(spec, res)
         load = self._load_s(spec.params)
         search = Path(spec.workdir).parent.name == "trials"
+        if search and "warm" in self.levers:  # an estimate: the engine kept loaded between trials
+            held = repr(sorted((k, str(v)) for k, v in spec.params.items() if k not in PER_REQUEST[self.surface]))
+            if result.ok and held == self.held:
+                load = 0.0
+            self.held = held if result.ok else None  # a crash takes the engine with it
         if not result.ok:
             self.clock += load
         elif not search:  # the re-measurement: a load and a workload, never stopped
@@ -127,20 +158,44 @@ class ClockedPlacement(SimPlacement):
         rng = random.Random(f"{self.surface}|{sorted((k, str(v)) for k, v in spec.params.items())}|{seed}")
         dec = [m["decode_tps"] * rng.lognormvariate(0.0, REQUEST_NOISE) for _ in range(n)]
         ttft = [m["ttft_p50_ms"] * rng.lognormvariate(0.0, REQUEST_NOISE) for _ in range(n)]
+        key = repr([spec.params.get(q) for q in QUALITY_KNOBS[self.surface]])
+        new_key = not (self.reuse and key in self.measured_keys)
+        qbounds = [(mt, op, b) for mt, op, b in (spec.early_stop.bounds if spec.early_stop else ())
+                   if mt == "ppl_delta_pct"]
+        first = None  # the quality stage run before the workload: "qslice" or "qfirst"
+        if new_key and qbounds and "ppl_delta_pct" in m:
+            first = "qfirst" if "qfirst" in self.levers else "qslice" if "qslice" in self.levers else None
+        if first:
+            frac = 1.0 if first == "qfirst" else QSLICE
+            load += self.quality_s * frac
+            true = m["ppl_delta_pct"]
+            se = 0.0 if first == "qfirst" else QSLICE_SE * abs(true) + QSLICE_SE_ABS
+            got = true + se * rng.gauss(0.0, 1.0)
+            for _, op, b in qbounds:
+                slack = 0.05 * abs(b)
+                if (op == "<=" and got - 1.96 * se > b + slack) or (op == ">=" and got + 1.96 * se < b - slack):
+                    self.clock += load
+                    if first == "qfirst":
+                        self.measured_keys.add(key)
+                    return result.replace(status="stopped", metrics={"ppl_delta_pct": round(got, 4)}, reason=(
+                        f"stopped early: ppl_delta_pct {op} {b:g} broken beyond noise: {got:.3g} "
+                        f"on the first {frac:.0%} of the quality text"))
+            if first == "qfirst":
+                self.measured_keys.add(key)
         k = first_batch(n)
         timed = {"decode_tps": statistics.median(dec[:k]), "ttft_p50_ms": statistics.median(ttft[:k]),
                  "ttft_p95_ms": max(ttft[:k])}
         why = verdict(spec.early_stop, timed, {"decode_tps": dec[:k], "ttft_ms": ttft[:k]}) if k else None
+        timed |= {"ppl_delta_pct": m["ppl_delta_pct"]} if first == "qfirst" else {}  # measured: kept
         if why:
             self.clock += load + self.workload_s * k / n
             return result.replace(status="stopped", reason=why, metrics=timed)
         self.clock += load + self.workload_s
-        speed = {key: v for key, v in m.items() if key != "ppl_delta_pct"}  # before the quality pass
+        speed = {q: v for q, v in m.items() if q != "ppl_delta_pct" or first == "qfirst"}  # before the pass
         why = verdict(spec.early_stop, speed, {"decode_tps": dec, "ttft_ms": ttft})
         if why:
             return result.replace(status="stopped", reason=why, metrics=speed)
-        key = repr([spec.params.get(q) for q in QUALITY_KNOBS[self.surface]])
-        if not (self.reuse and key in self.measured_keys):
+        if new_key and first != "qfirst":
             self.clock += self.quality_s
             self.measured_keys.add(key)
         return result
@@ -159,19 +214,72 @@ def _rule(method: str) -> dict:
         | RULES[method]
 
 
+def levers_of(method: str) -> tuple[str, ...]:
+    """The levers of a method: ``RULE`` (the shipped ones), ``RULE/none`` or ``RULE/a+b``."""
+    if method == "before":
+        return ()
+    _, _, text = method.partition("/")
+    if not text or text == "shipped":
+        return SHIPPED
+    return () if text == "none" else tuple(text.split("+"))
+
+
+@contextlib.contextmanager
+def _memo(surface: str, levers: tuple[str, ...], reuse: bool):
+    """The driver's quality memo as on an engine that names its quality knobs (the simulated
+    surfaces run the command engine, which names none, with quality.enabled false: their
+    ppl_delta_pct comes with every result): keyed on ``QUALITY_KNOBS``; "refuse" off: no refusal."""
+    from autotune.run import driver as driverlib
+    from autotune.run import quality_memo
+
+    saved = quality_memo.quality_key, quality_memo.QualityMemo.__init__, quality_memo.QualityMemo.breaks
+
+    def init(self, cfg, engine):
+        saved[1](self, cfg, engine)
+        self.on = reuse
+
+    quality_memo.quality_key = lambda engine, params, settings, variants: repr(
+        [params.get(q) for q in QUALITY_KNOBS[surface]])
+    quality_memo.QualityMemo.__init__ = init
+    if "refuse" not in levers:
+        quality_memo.QualityMemo.breaks = lambda self, params: None
+    finish = driverlib.Driver._finish_one
+    if "sweep" in levers:
+        driverlib.Driver._finish_one = lambda self, study, p, result: _sweep(surface, finish, self, study, p, result)
+    try:
+        yield
+    finally:
+        quality_memo.quality_key, quality_memo.QualityMemo.__init__, quality_memo.QualityMemo.breaks = saved
+        driverlib.Driver._finish_one = finish
+
+
+def _sweep(surface: str, finish, driver, study, p, result):
+    """"sweep": a trial measured whole enqueues its per-request knob's neighbours (run next, warm)."""
+    record = finish(driver, study, p, result)
+    if record.status == "ok" and p.trial.number > 0 and p.trial.user_attrs.get("role") != "sweep":
+        for knob in PER_REQUEST[surface]:
+            spec = driver.space.params[knob]
+            for v in (p.params[knob] - SWEEP_STEP, p.params[knob] + SWEEP_STEP):
+                if spec.dist.low <= v <= spec.dist.high:
+                    study.enqueue_trial({**p.params, knob: v}, user_attrs={"role": "sweep"})
+    return record
+
+
 def one(truth: Truth | str, method: str, seed: int, trials: int) -> dict:
     """One study: hours to 95% of the optimum (inf: never), hours of the whole budget."""
     from autotune.measure import early_stop
 
     truth = _TRUTHS[truth] if isinstance(truth, str) else truth
-    placement = ClockedPlacement(truth.name, reuse=method != "before")
+    levers = levers_of(method)
+    placement = ClockedPlacement(truth.name, reuse=method != "before", levers=levers)
     saved = _rule("now")
-    for name, value in _rule(method).items():
+    for name, value in _rule(method.partition("/")[0]).items():
         setattr(early_stop, name, value)
     try:
-        done, _, _ = fast_study([f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
-                                 f"engine.settings.vars.noise_seed={seed}", *METHODS.get(method, [])],
-                                placement=placement)
+        with _memo(truth.name, levers, reuse=method != "before"):
+            done, _, _ = fast_study([f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
+                                     f"engine.settings.vars.noise_seed={seed}", *METHODS.get(method, [])],
+                                    placement=placement)
     finally:
         for name, value in saved.items():
             setattr(early_stop, name, value)
@@ -240,7 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true", help="2 seeds, 8 trials, one surface; writes nothing")
     ap.add_argument("--rule", default="now", help=f"comma-separated early-stop rules run beside 'before' "
                     f"({', '.join(RULES)}; 'now': the shipped defaults, 'issue43': the first rule)")
+    ap.add_argument("--levers", default="shipped", help=f"comma-separated lever sets run with each rule "
+                    f"('+'-joined from {', '.join(LEVERS)}; 'none'; 'shipped': {'+'.join(SHIPPED)})")
     ap.add_argument("--no-before", action="store_true", help="skip 'before' (the ratios then read '-')")
+    ap.add_argument("--rows", type=Path, default=None, help="append each study's row here (JSON lines); "
+                    "rows already there are not run again")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (with the command)")
     args = ap.parse_args(argv)
     surfaces = ["exl2_70b"] if args.smoke else args.surfaces.split(",")
@@ -249,16 +361,30 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     for s in surfaces:
         _TRUTHS[s] = load(s, launchable=False)
-    methods = ([] if args.no_before else ["before"]) + args.rule.split(",")
-    unknown = [m for m in methods if m not in RULES and m != "before"]
+    methods = ([] if args.no_before else ["before"]) + [
+        rule if lv == "shipped" else f"{rule}/{lv}" for rule in args.rule.split(",") for lv in args.levers.split(",")]
+    unknown = [m for m in methods if m != "before" and m.partition("/")[0] not in RULES]
     if unknown:
         ap.error(f"unknown --rule {', '.join(unknown)}; known: {', '.join(RULES)}")
+    bad = [lv for m in methods for lv in levers_of(m) if lv not in LEVERS]
+    if bad:
+        ap.error(f"unknown --levers {', '.join(bad)}; known: {', '.join(LEVERS)} ('+'-joined), none, shipped")
     jobs = [(s, method, seed, trials) for s in surfaces for seed in seeds for method in methods]
+    kept = [json.loads(line) for line in args.rows.read_text().splitlines()] \
+        if args.rows is not None and args.rows.exists() else []
+    done = {(r["surface"], r["method"], r["seed"]) for r in kept}
+    jobs = [job for job in jobs if job[:3] not in done]
     if args.jobs > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
             rows = pool.starmap(one, jobs, chunksize=1)
     else:
-        rows = [one(*job) for job in jobs]
+        rows = []
+        for job in jobs:  # each study's row kept as it ends (--rows): a run cut off resumes there
+            rows.append(one(*job))
+            if args.rows is not None:
+                with args.rows.open("a") as f:
+                    f.write(json.dumps(rows[-1]) + "\n")
+    rows = [r for r in kept if r["surface"] in surfaces and r["method"] in methods and r["seed"] in seeds] + rows
     console = Console(record=True, width=160, file=None if args.out is None else io.StringIO())
     console.print(table(rows, surfaces, methods))
     console.print(f"{len(rows)} studies, {trials} trials each, seeds {seeds.start}-{seeds.stop - 1}; "

@@ -299,6 +299,9 @@ class Driver:
         key = config_key(params)
         if key in self.measured or key in {p.key for p in self.pending.values()}:
             return self._duplicate(study, trial, params, key)
+        broken = self.quality.breaks(params)  # its quality is known and breaks a bound
+        if broken:
+            return self._refuse(study, trial, params, broken)
         reads = [r.to_dict() for r in pred.reads]
         studylib.mark_launched(trial, params, pred.stored())
         reuse = self.quality.lookup(params)

@@ -6,6 +6,12 @@ knobs (defaults filled in, the variant's definition included) have the same perp
 KLD up to rounding, so the second reuses the first's numbers and records which trial
 measured them (``quality_from``). An engine that does not name its knobs (``None``) measures
 every trial; so does a study with ``quality.reuse: false``.
+
+A proposal whose quality key was measured and broke a constraint on a quality metric
+(``ppl_delta_pct <= 2``, a KLD bound) cannot be feasible whatever its other knobs do: the
+driver refuses it before launching (:meth:`QualityMemo.breaks`), which saves its load and its
+workload (issue 43: 60-90 s + 60 s on a 70B). A trial in flight that measures the same key
+does not hold a new proposal back: a slot left idle costs more than the load it might save.
 """
 
 from __future__ import annotations
@@ -57,6 +63,20 @@ class QualityMemo:
         key = self.key(params)
         return self.by_key.get(key) if key is not None else None
 
+    def breaks(self, params: dict[str, Any]) -> str | None:
+        """Why ``params`` cannot be feasible: its quality key was measured and breaks a
+        constraint on a quality metric (the reason names the trial that measured it), or None."""
+        found = self.lookup(params)
+        if found is None:
+            return None
+        number, quality = found
+        broken = [f"{c.metric} = {quality[c.metric]:.4g} breaks {c}" for c in self.cfg.constraints
+                  if c.metric in quality and c.violation(quality[c.metric]) > 0]
+        if not broken:
+            return None
+        return (f"quality measured by trial {number} (same {', '.join(self.engine.quality_knobs or ())}): "
+                f"{'; '.join(broken)}: not launched")
+
     def remember(self, number: int, params: dict[str, Any], metrics: dict[str, float],
                  measured_by: int | None = None) -> None:
         """Keep the quality metrics of a finished trial (the first measurement of a key wins)."""
@@ -69,7 +89,7 @@ class QualityMemo:
         """Remember the quality of every launched trial of a (resumed) study."""
         for t in study.get_trials(deepcopy=False):
             a = trialslib.trial_attrs(t)
-            if a.kind == trialslib.LAUNCHED and a.status == "ok" and a.params is not None:
+            if a.kind == trialslib.LAUNCHED and a.status in ("ok", "stopped") and a.params is not None:
                 self.remember(t.number, a.params, a.metrics, a.quality_from)
 
     def settle(self, number: int, params: dict[str, Any], result: TrialResult, quality_from: int | None,
@@ -85,6 +105,6 @@ class QualityMemo:
                                     info={**result.info, "quality_from": quality_from})
             attrs = {"quality_from": quality_from}
             write_atomic(result_path, result.to_json())
-        if result.ok:
+        if result.ok or result.status == "stopped":  # a stop on a quality slice: its key breaks a bound
             self.remember(number, params, result.metrics, quality_from)
         return result, attrs

@@ -87,3 +87,42 @@ def test_a_trial_with_a_measured_quality_key_reuses_it_and_every_record_has_real
     page = (d / "report" / "report.html").read_text()
     assert "<th>time (s)</th>" in page and "quality reused from trial #0" in page
     assert re.search(r"search overhead \d+ s of \d+ s", proc.stdout), proc.stdout[-2000:]
+
+
+def test_a_measured_quality_key_that_breaks_a_quality_bound_is_known_broken():
+    cfg = load_config(compose(["conf=local_cpu", 'constraints=["ppl_delta_pct <= 2", "ttft_p95_ms <= 20000"]']))
+    memo = QualityMemo(cfg, LlamaCppEngine)
+    memo.remember(3, {"type_k": "q4_0"}, {"ppl_delta_pct": 2.5, "decode_tps": 50.0})
+    memo.remember(4, {"type_k": "q8_0"}, {"ppl_delta_pct": 0.4, "decode_tps": 50.0})
+    why = memo.breaks({"type_k": "q4_0", "n_threads": 2})
+    assert why == ("quality measured by trial 3 (same model, type_k, type_v, flash_attn): "
+                   "ppl_delta_pct = 2.5 breaks ppl_delta_pct <= 2: not launched")
+    assert memo.breaks({"type_k": "q8_0"}) is None and memo.breaks({"type_v": "q4_0"}) is None
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_proposal_whose_measured_quality_breaks_a_bound_is_refused_before_launch(tmp_path):
+    # same_top_pct >= 101 is broken by every measurement: trial 0 measures it, trial 1 shares
+    # its quality key (only threads and batch differ) and is refused without a launch; trial 2
+    # (another K cache type) is launched and measured; two launched trials, as n_trials says
+    enqueue = "[{n_threads: 1, n_batch: 128, n_ubatch: 128}, {type_k: q8_0}]"
+    args = ["run", "conf=local_cpu", "study.n_trials=2", f"study.enqueue={enqueue}", "quality.n_tokens=64",
+            "workload.max_tokens=8", "workload.repeats=1", "select.top_k=0", "study.early_stop=false",
+            'constraints=["same_top_pct >= 101"]', *study_overrides(tmp_path, "refuse", seed_mlflow=True)]
+    proc = run_cli_here(args, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    d = tmp_path / "studies" / "refuse"
+    trials = optuna.load_study(study_name="refuse", storage=f"sqlite:///{d}/optuna.db").get_trials()
+    attrs = [t.user_attrs for t in trials]
+    assert [a["kind"] for a in attrs] == ["launched", "rejected", "launched"], attrs
+    assert [a["status"] for a in attrs][1] == "infeasible"
+    assert attrs[1]["reason"].startswith("quality measured by trial 0 (same model, type_k, type_v, flash_attn): "
+                                         "same_top_pct = "), attrs[1]["reason"]
+    assert attrs[1]["reason"].endswith("breaks same_top_pct >= 101: not launched")
+    assert not (d / "trials" / "0001").exists() and (d / "trials" / "0002").exists()
+    assert "#1 infeasible quality measured by trial 0" in " ".join(proc.stdout.split())
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlruns/mlflow.db")
+    exp = client.get_experiment_by_name("refuse")
+    [run] = client.search_runs([exp.experiment_id], "tags.`autotune.trial` = '1'")
+    assert "quality measured by trial 0" in " ".join(str(v) for v in run.data.tags.values())
