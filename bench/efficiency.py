@@ -135,20 +135,12 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     # issue 41, session 23: memory as a learned constraint (autotune.search.memory)
     "memory": {"memory": {"MEMORY": True}},
     "memnocut": {"memory": {"MEMORY": True, "CUT": 0.0}},
-    "coverord": {"design": {"COVER_ORDERED": True}},  # levels of ordered string choices covered too
-    "memcoverord": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}, "design": {"COVER_ORDERED": True}},
-    "deadkind": {"dead": {"DEAD": True, "KIND": True}},  # session 22's, ported from search41b
-    "memdead": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}, "dead": {"DEAD": True, "KIND": True}},
-    "memdeadcov": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}, "dead": {"DEAD": True, "KIND": True},
-                   "design": {"COVER_ORDERED": True}},
     "memridge": {"memory": {"MEMORY": True, "FULL": 0.99, "MODEL": "ridge"}},
     "memoom": {"memory": {"MEMORY": True, "AFTER_OOM": True}},  # ... only once a launch ran out of memory
     "memfull": {"memory": {"MEMORY": True, "FULL": 0.99}},  # a run at >= 99% of the card counts as out of memory
     "memoomfull": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}},
     "mempad0": {"memory": {"MEMORY": True, "FULL": 0.99, "PAD": 0.0}},  # memfull, failures imputed at the card
-    "memfulloom": {"memory": {"MEMORY": True, "FULL": 0.99, "AFTER_OOM": True}},
     "memlin": {"memory": {"MEMORY": True, "FULL": 0.99, "MODEL": "lingp"}},
-
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"

@@ -50,7 +50,6 @@ from scipy.stats import norm
 from threadpoolctl import threadpool_limits
 
 from autotune.search import batch as batchlib
-from autotune.search import dead
 from autotune.search import design
 from autotune.search import front as frontlib
 from autotune.search import local
@@ -267,7 +266,6 @@ class PoolSampler(optuna.samplers.BaseSampler):
         cand = free[candidate_rows(pool.X, free, pool.log_bound, best_rows, self.max_candidates, self._rng)]
         extra = [r for r in [*(pool.index.get(config_key(c)) for c in lines), *cover] if r is not None]
         cand = np.unique(np.concatenate([cand, np.intersect1d(np.array(extra, dtype=int), free)])).astype(int)
-        cand = dead.filter_rows(self.space, pool, cand, launched, row)  # dead.DEAD: levels that never ran
         self.last_sizes = {"train": len(sel), "candidates": len(cand)}
         Xc = pool.X[cand]
 

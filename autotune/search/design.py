@@ -85,10 +85,6 @@ COVER_NEAR = True  # without a prior: the holder nearest trial 0 (False: farthes
 # whose levels outnumber its design); exl2_70b 1000-1017: 15/15 against 13/15, worst decile
 # 0.969 against 0.000. False: the eager cover (bench variant eagercover).
 COVER_LAZY = True
-# Issue 41, session 23: choices declared ``ordered`` whose values are not numbers (quants, cache
-# types) are levels to show as well: a quality bound holds or breaks per level, and a GP over
-# their position does not say which level the bound lets through (bench/results/efficiency.txt).
-COVER_ORDERED = False
 _ON, _OFF = "<active>", "<inactive>"
 
 
@@ -203,7 +199,7 @@ def cover_targets(space: Space) -> list[tuple[str, Any]]:
             continue
         if p.when is not None:
             out += [(p.name, _ON), (p.name, _OFF)]
-        if isinstance(p.dist, CategoricalDistribution) and (not p.ordered or COVER_ORDERED):
+        if isinstance(p.dist, CategoricalDistribution) and not p.ordered:
             vals = p.values() or []
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
                 out += [(p.name, v) for v in vals]

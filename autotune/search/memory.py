@@ -14,8 +14,10 @@ any other failure).
 
 :func:`log_p_fits` gives log P(peak <= card) per candidate. bo multiplies it into P(feasible) and
 its GP of "does it run" then learns only from the other failures (a context shorter than the
-prompt, a crash), which memory does not explain. ``MEMORY``: off by default (a bench variant,
-bench/efficiency.py --variant memory; bench/results/efficiency.txt).
+prompt, a crash), which memory does not explain. ``MEMORY``: off by default (bench/efficiency.py
+--variant memoomfull = MEMORY + AFTER_OOM + FULL 0.99, the best of the variants; session 23 of
+bench/results/efficiency.txt: moe_30b tune 8/18 at 95% by trial 20 against 5/18, median 0.867
+against 0.609; held out moe 1/6 against 0/6, vllm_h100 0/6 both, llamacpp_7b 5/6 against 6/6).
 """
 
 from __future__ import annotations
