@@ -141,8 +141,6 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "memoomfull": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}},
     "mempad0": {"memory": {"MEMORY": True, "FULL": 0.99, "PAD": 0.0}},  # memfull, failures imputed at the card
     "memlin": {"memory": {"MEMORY": True, "FULL": 0.99, "MODEL": "lingp"}},
-    "keyed": {"quality": {"KEYED": True}},  # a quality bound's GP over the quality knobs only
-    "memkeyed": {"memory": {"MEMORY": True}, "quality": {"KEYED": True}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"

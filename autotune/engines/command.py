@@ -94,7 +94,6 @@ class CommandSettings(EngineSettings):
     vars: dict = field(default_factory=dict)  # constants usable as {name} in argv
     resources: dict = field(default_factory=dict)  # {num_cpus, num_gpus, custom}
     predict: dict | None = None  # need_gb / have_gb / decode_tps_upper (autotune/engines/predict.py)
-    quality_knobs: list | None = None  # the knobs that change the output (quant, KV types): bo's quality GPs
 
 
 def _is_number(v: Any) -> bool:

@@ -54,7 +54,6 @@ from autotune.search import design
 from autotune.search import front as frontlib
 from autotune.search import local
 from autotune.search import memory
-from autotune.search import quality
 from autotune.search import refine
 from autotune.search import turns
 from autotune.search.design import config_key
@@ -371,9 +370,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             z = np.array([c.violation(v) / max(abs(c.bound), 1e-9) for _, v in seen])
             if len(seen) < 2 or np.all(z < -0.5):
                 continue  # too few values, or far inside its bound everywhere measured
-            on = quality.columns(self.space, c.metric, self.pool.ordered)  # a quality bound: its knobs
-            on = slice(None) if on is None else on
-            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]][:, on], z, seed, pending[:, on]).predict(Xf[:, on])
+            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending).predict(Xf)
             out += norm.logcdf(-mu / sd)
         if any(trial_attrs(t).status not in RAN for t in launched):
             ran = np.array([1.0 if trial_attrs(t).status in RAN else -1.0 for t in launched])
