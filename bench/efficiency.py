@@ -132,6 +132,15 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "eagercover": {"design": {"COVER_LAZY": False}},  # the design covers every level itself (before)
     "lazyedge": {"design": {"COVER_LAZY": True}, "local": {"EDGE": True}},
     "lazytrust": {"design": {"COVER_LAZY": True}, "local": {"TRUST": True}},
+    # issue 41, session 23: memory as a learned constraint (autotune.search.memory)
+    "memory": {"memory": {"MEMORY": True}},
+    "memnocut": {"memory": {"MEMORY": True, "CUT": 0.0}},
+    "memridge": {"memory": {"MEMORY": True, "FULL": 0.99, "MODEL": "ridge"}},
+    "memoom": {"memory": {"MEMORY": True, "AFTER_OOM": True}},  # ... only once a launch ran out of memory
+    "memfull": {"memory": {"MEMORY": True, "FULL": 0.99}},  # a run at >= 99% of the card counts as out of memory
+    "memoomfull": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}},
+    "mempad0": {"memory": {"MEMORY": True, "FULL": 0.99, "PAD": 0.0}},  # memfull, failures imputed at the card
+    "memlin": {"memory": {"MEMORY": True, "FULL": 0.99, "MODEL": "lingp"}},
 }
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"

@@ -53,6 +53,7 @@ from autotune.search import batch as batchlib
 from autotune.search import design
 from autotune.search import front as frontlib
 from autotune.search import local
+from autotune.search import memory
 from autotune.search import refine
 from autotune.search import turns
 from autotune.search.design import config_key
@@ -231,7 +232,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
         # a launch that failed before any succeeded is told FAIL (nothing to call worst yet)
         launched = [t for t in trials if t.state in TOLD
                     and trial_attrs(t).kind == "launched" and t.number in row]
-        ok = [t for t in launched if trial_attrs(t).status in RAN and t.values]
+        card = memory.card_gb(self.space.settings)  # a run at the card's limit spilled (memory.FULL)
+        ok = [t for t in launched if trial_attrs(t).status in RAN and t.values and not memory.spilled(t, card)]
         rows_p = [row[t.number] for t in trials if t.state == TrialState.RUNNING and t.number in row]
         if len(launched) + len(rows_p) < self.n_startup or len(ok) < 2:
             return pool.params[int(self._rng.choice(free))]
@@ -360,6 +362,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
                         pending: np.ndarray, Xf: np.ndarray, seed: int) -> np.ndarray:
         """log P(every constraint holds and the run succeeds) per candidate configuration."""
         out = np.zeros(len(Xf))
+        fits, launched = memory.split(ok, launched, row, self.pool.X, Xf, self.space.settings, seed)
+        out += 0.0 if fits is None else fits
         for c in self.constraints:
             seen = [(row[t.number], trial_attrs(t).metrics[c.metric])
                     for t in ok if c.metric in trial_attrs(t).metrics]
