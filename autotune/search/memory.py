@@ -14,10 +14,14 @@ any other failure).
 
 :func:`log_p_fits` gives log P(peak <= card) per candidate. bo multiplies it into P(feasible) and
 its GP of "does it run" then learns only from the other failures (a context shorter than the
-prompt, a crash), which memory does not explain. ``MEMORY``: off by default (bench/efficiency.py
---variant memoomfull = MEMORY + AFTER_OOM + FULL 0.99, the best of the variants; session 23 of
-bench/results/efficiency.txt: moe_30b tune 8/18 at 95% by trial 20 against 5/18, median 0.867
-against 0.609; held out moe 1/6 against 0/6, vllm_h100 0/6 both, llamacpp_7b 5/6 against 6/6).
+prompt, a crash), which memory does not explain. On by default where a card is declared, from the
+first launch that ran out of memory (AFTER_OOM), a run at 99% of the card or more counted as out
+of memory (FULL): the bench's variant memoomfull, chosen on tune instances (moe_30b 8/18 at 95% by
+trial 20 against 5/18, median 0.867 against 0.609), judged on held-out instances (17/48 -> 20/48
+over moe, vllm, llamacpp_7b and noisy in three prior modes; llamacpp_7b 5/6 against 6/6) and on the
+hand-written surfaces' report seeds 100-119 (vllm_h100 physics 18/20 against 11/20, moe_30b
+physics 18/20 against 15/20, 3 studies lost and 19 won of 240 paired; bench/results/efficiency.txt,
+session 23). ``MEMORY = False`` turns it off.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import norm
 
-MEMORY = False
+MEMORY = True
 METRIC = "vram_peak_gb"
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cudamalloc failed", "insufficient vram",
                "not enough memory", "cuda_error_out_of_memory")
@@ -39,8 +43,8 @@ MIN_RUNS = 3  # peaks measured before the model is trusted (with no out-of-memor
 # to system memory (a spill) or one step from it. None: off; else such a run counts as out of
 # memory (censored at the card) and leaves the objective's GP, whose smooth fit a run several
 # times slower than its neighbours would drag down (bo's ``ok`` list, :func:`spilled`).
-FULL: float | None = None
-AFTER_OOM = False  # True: no model until a launch ran out of memory (the card's edge was reached)
+FULL: float | None = 0.99
+AFTER_OOM = True  # True: no model until a launch ran out of memory (the card's edge was reached)
 PAD = 0.02  # an out-of-memory launch enters at max(card, its prediction) + PAD x card
 
 

@@ -60,6 +60,7 @@ def test_a_few_peaks_and_a_censored_failure_place_the_edge():
 def test_a_run_at_the_cards_limit_counts_as_a_spill_only_when_asked(monkeypatch):
     trial = optuna.trial.create_trial(values=[5.0], user_attrs={"status": "ok", "metrics": {"vram_peak_gb": 23.9}})
     monkeypatch.setattr(memory, "MEMORY", True)
+    monkeypatch.setattr(memory, "FULL", None)
     assert not memory.spilled(trial, CARD)  # FULL None: off
     monkeypatch.setattr(memory, "FULL", 0.99)
     assert memory.spilled(trial, CARD)
@@ -117,6 +118,9 @@ def _ooms(seed: int) -> int:
 def test_bo_with_the_memory_model_runs_out_of_memory_less(monkeypatch, seed):
     """The startup's one out-of-memory launch (q8 at offload 8) and three peaks: with the memory
     model bo's later asks run out of memory less often than with a GP of "does it run" alone."""
+    monkeypatch.setattr(memory, "AFTER_OOM", False)  # the model itself, from the first peaks on
+    monkeypatch.setattr(memory, "FULL", None)
+    monkeypatch.setattr(memory, "MEMORY", False)
     without = _ooms(seed)
     monkeypatch.setattr(memory, "MEMORY", True)
     with_model = _ooms(seed)
