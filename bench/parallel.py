@@ -30,6 +30,7 @@ from pathlib import Path
 
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # Ray on 127.0.0.1 only
 os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, installed or not
 
 from rich.console import Console  # noqa: E402
 
