@@ -92,8 +92,8 @@ def visible_nvml_indices(visible: str | None, gpus: list[GPU]) -> list[int]:
     return out
 
 
-def _nvml_used_reader() -> tuple[Callable[[int], float], Callable[[], None]] | None:
-    """(read used bytes of NVML index i, shutdown), or None without NVML.
+def _nvml_readers() -> tuple[Callable[[int], float], Callable[[int], float], Callable[[], None]] | None:
+    """(read used bytes of NVML index i, read its total bytes, shutdown), or None without NVML.
 
     Uses the v2 memory struct when the driver has it: its ``used`` leaves out the memory the
     driver reserves, as ``nvidia-smi`` does; the v1 struct counts it as used.
@@ -106,17 +106,17 @@ def _nvml_used_reader() -> tuple[Callable[[int], float], Callable[[], None]] | N
         return None
     handles: dict[int, object] = {}
 
-    def read(i: int) -> float:
+    def info(i: int) -> object:
         h = handles.setdefault(i, pynvml.nvmlDeviceGetHandleByIndex(i))
         v2 = getattr(pynvml, "nvmlMemory_v2", None)
         if v2 is not None:
             try:
-                return float(pynvml.nvmlDeviceGetMemoryInfo(h, version=v2).used)
+                return pynvml.nvmlDeviceGetMemoryInfo(h, version=v2)
             except Exception:  # noqa: BLE001 - an old driver: fall back to v1
                 pass
-        return float(pynvml.nvmlDeviceGetMemoryInfo(h).used)
+        return pynvml.nvmlDeviceGetMemoryInfo(h)
 
-    return read, pynvml.nvmlShutdown
+    return (lambda i: float(info(i).used)), (lambda i: float(info(i).total)), pynvml.nvmlShutdown
 
 
 class VramSampler:
@@ -125,16 +125,22 @@ class VramSampler:
     Use as a context manager in a trial worker. ``indices`` are NVML indices; by default
     they are the devices of this process's ``CUDA_VISIBLE_DEVICES`` (:func:`visible_nvml_indices`).
     The first reading of each GPU is its idle baseline; ``per_gpu`` holds the peak minus
-    that baseline per NVML index (GiB) and ``peak_gb`` their sum. ``reader`` (bytes used of
-    an index) replaces NVML, e.g. in tests. Not thread-safe beyond its own sampling thread.
+    that baseline per NVML index (GiB) and ``peak_gb`` their sum; ``free_gb`` what the GPUs
+    had free at that first reading (their total less the baseline), so a peak at it says the
+    trial filled them (a spill into system memory, where the driver allows one). ``reader``
+    (bytes used of an index) and ``capacity`` (its total bytes) replace NVML, e.g. in tests.
+    Not thread-safe beyond its own sampling thread.
     """
 
     def __init__(self, indices: list[int] | None = None, interval_s: float = 0.05,
-                 reader: Callable[[int], float] | None = None) -> None:
+                 reader: Callable[[int], float] | None = None,
+                 capacity: Callable[[int], float] | None = None) -> None:
         self.indices = indices
         self.interval_s = interval_s
         self.reader = reader
+        self.capacity = capacity
         self.baseline: dict[int, float] = {}
+        self.free: dict[int, float] = {}
         self.per_gpu: dict[int, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -144,19 +150,30 @@ class VramSampler:
     def peak_gb(self) -> float:
         return sum(self.per_gpu.values())
 
+    @property
+    def free_gb(self) -> float | None:
+        return sum(self.free.values()) if self.free and len(self.free) == len(self.per_gpu) else None
+
+    def metrics(self) -> dict[str, float]:
+        """``vram_peak_gb``, and ``vram_free_gb`` where the GPUs' totals were read."""
+        free = self.free_gb
+        return {"vram_peak_gb": self.peak_gb, **({"vram_free_gb": free} if free is not None else {})}
+
     def sample(self) -> None:
         """One reading of every sampled GPU."""
         for i in self.indices or []:
             used = self.reader(i) / GIB
+            if i not in self.baseline and self.capacity is not None:
+                self.free[i] = max(0.0, self.capacity(i) / GIB - used)
             base = self.baseline.setdefault(i, used)
             self.per_gpu[i] = max(self.per_gpu.get(i, 0.0), used - base)
 
     def __enter__(self) -> VramSampler:
         if self.reader is None:
-            nvml = _nvml_used_reader()
+            nvml = _nvml_readers()
             if nvml is None:
                 return self
-            self.reader, self._shutdown = nvml
+            self.reader, self.capacity, self._shutdown = nvml
         if self.indices is None:
             self.indices = visible_nvml_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), list_gpus())
         self.sample()

@@ -141,7 +141,16 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "memoomfull": {"memory": {"MEMORY": True, "AFTER_OOM": True, "FULL": 0.99}},
     "mempad0": {"memory": {"MEMORY": True, "FULL": 0.99, "PAD": 0.0}},  # memfull, failures imputed at the card
     "memlin": {"memory": {"MEMORY": True, "FULL": 0.99, "MODEL": "lingp"}},
+    # session 24: the memory model reads what an out-of-memory line says was needed (OOM_SIZE) and
+    # judges a spill against what the GPUs had free at the start (FREE_AT_START); the MoE surface's
+    # VRAM read as a real box reads it (bench/surfaces/moe.py SPILL_READ "free")
+    "freeread": {"memory": {"FREE_AT_START": False, "OOM_SIZE": False}},  # the code before, today's surface
+    "cardread": {"moe": {"SPILL_READ": "card"}, "memory": {"FREE_AT_START": False, "OOM_SIZE": False}},  # both before
+    "nooomsize": {"memory": {"OOM_SIZE": False}},
+    "nofree": {"memory": {"FREE_AT_START": False}},
+    "sobol": {"design": {"SPREAD": "sobol"}},  # no prior: the design's spread points in Sobol order, not maximin
 }
+SURFACE_MODULES = ("moe", "models")  # bench/surfaces modules a variant may set (fast mode only)
 CHECKPOINTS = (10, 20, 30)
 RESULTS = ROOT / "bench" / "results"
 
@@ -276,16 +285,19 @@ def set_variant(variant: str) -> None:
     variant's attributes back to their defaults. Raises AttributeError for a knob that is gone."""
     import importlib
 
+    def module_of(mod: str):  # a search module, or a surface's own (bench/surfaces/MOD.py)
+        return importlib.import_module(mod if mod in SURFACE_MODULES else f"autotune.search.{mod}")
+
     for mods in VARIANTS.values():
         for mod, attrs in mods.items():
-            module = importlib.import_module(f"autotune.search.{mod}")
+            module = module_of(mod)
             for k in attrs:
                 if not hasattr(module, k):
-                    raise AttributeError(f"autotune.search.{mod} has no {k}")
+                    raise AttributeError(f"{module.__name__} has no {k}")
                 _DEFAULTS.setdefault((mod, k), getattr(module, k))
                 setattr(module, k, _DEFAULTS[(mod, k)])
     for mod, attrs in VARIANTS.get(variant, {}).items():
-        module = importlib.import_module(f"autotune.search.{mod}")
+        module = module_of(mod)
         for k, v in attrs.items():
             setattr(module, k, v)
 

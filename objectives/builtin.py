@@ -34,6 +34,9 @@ register_metric("peak_rss_mb", "MB", "minimize",
 register_metric("vram_peak_gb", "GiB", "minimize",
                 "peak used GPU memory summed over the trial's GPUs, less the idle reading "
                 "(NVML v2 used memory, as nvidia-smi shows it; GiB, 50 ms sampling)")
+register_metric("vram_free_gb", "GiB", "maximize",
+                "GPU memory free at the trial's start, summed over its GPUs (NVML total less the "
+                "idle reading): a vram_peak_gb at it means the trial filled the cards")
 register_metric("mem_estimate_mb", "MB", "minimize",
                 "estimate before launch from the GGUF header: weights + KV + logits + runtime")
 

@@ -53,6 +53,30 @@ def test_moe_surface_has_a_spill_region_where_decode_collapses():
     assert speeds[edge + 4] > 0.6 * speeds[edge]  # one step more: a little slower
 
 
+def test_moe_surface_reads_vram_as_a_real_box_does():
+    """A spill fills what was free at the start (the peak above idle reads it, vram_free_gb beside
+    it); an out-of-memory launch fails on the weights buffer with ggml-cuda's line, its size in MiB."""
+    import moe
+
+    from autotune.search.memory import oom_need_gb
+
+    base = {"quant": "Q6_K", "n_ctx": 16384, "kv_type": "f16", "ubatch": 512, "threads": 8, "flash_attn": True}
+    free = 24.0 - moe.K["margin_gb"]
+    reads = {}
+    for n in range(0, 49, 4):
+        try:
+            reads[n] = moe.moe_30b({**base, "n_cpu_moe": n})
+        except moe.SimFailure as e:
+            reads[n] = str(e)
+    spilled = [m for m in reads.values() if isinstance(m, dict) and m["vram_peak_gb"] >= free]
+    assert spilled and all(m["vram_free_gb"] == free for m in spilled)
+    with pytest.raises(moe.SimFailure) as e:  # Q8_0, every expert on the GPU: its 30.3 GB weights fail first
+        moe.moe_30b({**base, "quant": "Q8_0", "n_cpu_moe": 0})
+    assert oom_need_gb(str(e.value)) == pytest.approx(moe.MOE_GB["Q8_0"], abs=0.01)
+    # Q6_K's 23.4 GB of weights still fit (spilling); the KV cache after them fails, and names only itself
+    assert oom_need_gb(reads[0]) < 2.0
+
+
 @pytest.mark.parametrize("mode", ["none", "physics", "misleading"])
 def test_moe_preset_composes_in_the_three_prior_modes_with_an_instance(mode):
     import efficiency

@@ -59,6 +59,25 @@ def test_sampler_reports_the_peak_above_the_idle_baseline() -> None:
     assert s.per_gpu == {1: 6.0, 2: 2.0} and s.peak_gb == 8.0
 
 
+def test_sampler_reports_what_was_free_at_the_start() -> None:
+    used = {0: [1.5, 20.0, 23.0], 1: [0.5, 6.0, 2.0]}  # GiB per reading
+    calls = {0: 0, 1: 0}
+
+    def reader(i: int) -> float:
+        k = min(calls[i], len(used[i]) - 1)
+        calls[i] += 1
+        return used[i][k] * GIB
+
+    s = VramSampler([0, 1], interval_s=3600, reader=reader, capacity=lambda i: 24.0 * GIB)
+    for _ in range(3):
+        s.sample()
+    assert s.free == {0: 22.5, 1: 23.5} and s.free_gb == 46.0
+    assert s.metrics() == {"vram_peak_gb": 21.5 + 5.5, "vram_free_gb": 46.0}
+    no_total = VramSampler([0], interval_s=3600, reader=lambda i: 1.0 * GIB)
+    no_total.sample()
+    assert no_total.free_gb is None and no_total.metrics() == {"vram_peak_gb": 0.0}
+
+
 def test_sampler_thread_samples_only_the_given_gpus() -> None:
     seen: set[int] = set()
 

@@ -29,8 +29,8 @@ class GpuSampled:
         out = super().memory()
         vram = getattr(self, "vram", None)
         if vram is not None and vram.per_gpu:
-            self.info["vram_per_gpu_gb"] = dict(vram.per_gpu)
-            out["vram_peak_gb"] = vram.peak_gb
+            self.info.update(vram_per_gpu_gb=dict(vram.per_gpu), vram_free_per_gpu_gb=dict(vram.free))
+            out.update(vram.metrics())
         return out
 
     def stop(self) -> None:

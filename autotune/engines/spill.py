@@ -40,13 +40,18 @@ def spill_reason(vram_gb: list[float], capacity_gb: list[float], decode_tps: flo
 
 
 def trial_spill(info: dict, metrics: dict, settings, decode_upper: float | None) -> str | None:
-    """:func:`spill_reason` of a measured trial: its per-GPU peak (``info.vram_per_gpu_gb``,
-    by NVML index) against the cards of ``engine.settings.gpus`` (else NVML's)."""
+    """:func:`spill_reason` of a measured trial: its per-GPU peak above idle
+    (``info.vram_per_gpu_gb``, by NVML index) against the cards of ``engine.settings.gpus``
+    (else NVML's), each no more than what it had free when the trial started
+    (``info.vram_free_per_gpu_gb``: other processes' memory is not the trial's to fill)."""
     per_gpu = (info or {}).get("vram_per_gpu_gb") or {}
     if not per_gpu:
         return None
+    free = (info or {}).get("vram_free_per_gpu_gb") or {}
+    keys = sorted(per_gpu, key=int)
     caps = [float(g.get("memory_gb") or 0) for g in gpu_table(settings)]
-    used = [float(per_gpu[k]) for k in sorted(per_gpu, key=int)]
+    caps = [min(c, float(free[k])) if c and free.get(k) else c for c, k in zip(caps, keys)]
+    used = [float(per_gpu[k]) for k in keys]
     return spill_reason(used, caps, (metrics or {}).get("decode_tps"), decode_upper)
 
 

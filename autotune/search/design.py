@@ -85,6 +85,7 @@ COVER_NEAR = True  # without a prior: the holder nearest trial 0 (False: farthes
 # whose levels outnumber its design); exl2_70b 1000-1017: 15/15 against 13/15, worst decile
 # 0.969 against 0.000. False: the eager cover (bench variant eagercover).
 COVER_LAZY = True
+SPREAD = "maximin"  # "sobol": without a prior, the spread points in Sobol order (interior values too)
 _ON, _OFF = "<active>", "<inactive>"
 
 
@@ -283,7 +284,10 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
     while pool and len(chosen) < n:
         picks = [j for j, c in enumerate(pool) if len(chosen) >= n_fast or config_key(c) in fast] \
             or range(len(pool))
-        i = max(picks, key=lambda j: (nearest[j], -j))  # farthest; ties: Sobol order
+        if SPREAD == "sobol" and not ranked_by_bound:  # the valid Sobol points in sequence order
+            i = min(picks)
+        else:
+            i = max(picks, key=lambda j: (nearest[j], -j))  # farthest; ties: Sobol order
         params = pool.pop(i)
         nearest.pop(i)
         chosen.append(params)

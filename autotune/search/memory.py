@@ -6,11 +6,17 @@ says so in its reason (``cudaMalloc failed: out of memory``, ``torch.OutOfMemory
 nearly additive over the knobs (weights on the GPU, the KV cache, the buffers), so a GP with a
 linear part (scikit-learn's ``DotProduct`` plus a Matern 5/2, fitted noise) over the pool's
 features predicts it for a configuration never launched, e.g. a heavier quant at more offload.
-An out-of-memory launch is a censored observation: it needed more than the card holds, so it
-enters the fit at ``max(card, its prediction)`` (two rounds, a Tobit-like imputation). The card's
-memory is what the user declared (``engine.settings.gpus``' ``memory_gb``, summed over the
-trial's cards); without it there is no memory model (a launch that ran out of memory counts as
-any other failure).
+An out-of-memory launch is a censored observation: it needed more than the card holds, and at
+least what its line names (:func:`oom_need_gb`: ggml-cuda's failed buffer, PyTorch's request plus
+what the process held), so it enters the fit at ``max(card, that, its prediction)`` (two rounds,
+a Tobit-like imputation). Entered at the card alone, a Q8_0 launch that needed 30 GB of a 24 GB
+card reads as one just over it, and the model then expects a smaller KV cache or batch to make
+it fit (a trace of bench/surfaces moe_30b, report seed 109: eight launches out of memory at the
+same quant and offload). The card's memory is what the user declared (``engine.settings.gpus``'
+``memory_gb``, summed over the trial's cards), less what other processes held when the trials
+started where the engine measures it (``vram_free_gb``: a trial's peak is read above that idle
+reading, so a spill fills what was free, not the card); without a declared card there is no
+memory model (a launch that ran out of memory counts as any other failure).
 
 :func:`log_p_fits` gives log P(peak <= card) per candidate. bo multiplies it into P(feasible) and
 its GP of "does it run" then learns only from the other failures (a context shorter than the
@@ -21,11 +27,16 @@ trial 20 against 5/18, median 0.867 against 0.609), judged on held-out instances
 over moe, vllm, llamacpp_7b and noisy in three prior modes; llamacpp_7b 5/6 against 6/6) and on the
 hand-written surfaces' report seeds 100-119 (vllm_h100 physics 18/20 against 11/20, moe_30b
 physics 18/20 against 15/20, 3 studies lost and 19 won of 240 paired; bench/results/efficiency.txt,
-session 23). ``MEMORY = False`` turns it off.
+session 23). ``MEMORY = False`` turns it off. The failure's named size (OOM_SIZE) and the spill
+judged against what was free (FREE_AT_START) came in session 24: on the MoE family's held-out
+instances 5000-5005, 8 of 18 studies at 95% of the optimum by trial 20 against 4 (median best
+without a prior 0.891 against 0.694), on its tune instances 18 of 30 against 15, on the MoE
+surface's report seeds without a prior 15 of 20 against 10 (bench/results/efficiency.txt).
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any
 
@@ -34,6 +45,8 @@ from scipy.stats import norm
 
 MEMORY = True
 METRIC = "vram_peak_gb"
+FREE = "vram_free_gb"  # what the trial's GPUs had free at its start (autotune.hardware.VramSampler)
+FREE_AT_START = True
 OOM_MARKERS = ("out of memory", "outofmemoryerror", "cudamalloc failed", "insufficient vram",
                "not enough memory", "cuda_error_out_of_memory")
 LENGTH_SCALE_MIN = 0.3  # memory is smooth over a knob's range
@@ -48,6 +61,28 @@ AFTER_OOM = True  # True: no model until a launch ran out of memory (the card's 
 PAD = 0.02  # an out-of-memory launch enters at max(card, its prediction) + PAD x card
 
 
+# What an out-of-memory line says the launch needed at least, in GB (OOM_SIZE): ggml-cuda names
+# the one buffer it failed to allocate ("allocating 31027.20 MiB on device 0: cudaMalloc failed");
+# PyTorch the request and what the process held ("Tried to allocate 2.00 GiB. GPU 0 has a total
+# capacity of 79.19 GiB of which 1.06 GiB is free").
+OOM_SIZE = True
+_UNIT = {"kib": 1 / 1024 ** 2, "mib": 1 / 1024, "gib": 1.0, "kb": 1e-6, "mb": 1e-3, "gb": 1.0}
+_GGML = re.compile(r"allocating ([0-9.]+) (MiB|GiB) on device", re.I)
+_TORCH = re.compile(r"tried to allocate ([0-9.]+) (MiB|GiB|KiB).*?total capacity of ([0-9.]+) (GiB|MiB)"
+                    r" of which ([0-9.]+) (GiB|MiB|KiB) is free", re.I | re.S)
+
+
+def oom_need_gb(reason: str | None) -> float | None:
+    """The least the failed launch needed, read from its out-of-memory line (None: not said)."""
+    text = reason or ""
+    m = _TORCH.search(text)
+    if m:
+        want, cap, free = (float(m[i]) * _UNIT[m[i + 1].lower()] for i in (1, 3, 5))
+        return cap - free + want
+    m = _GGML.search(text)
+    return float(m[1]) * _UNIT[m[2].lower()] if m else None
+
+
 def is_oom(reason: str | None) -> bool:
     """Whether a failed launch's reason reads as running out of GPU memory."""
     text = (reason or "").lower()
@@ -55,11 +90,18 @@ def is_oom(reason: str | None) -> bool:
 
 
 def spilled(t: Any, card: float | None) -> bool:
-    """Whether a trial that ran sat at the card's limit (see FULL)."""
+    """Whether a trial that ran sat at the card's limit (see FULL): its peak at FULL of what its
+    GPUs had free when it started (``vram_free_gb``, where measured; other processes' memory
+    is not the trial's to use) or of the declared card."""
     from autotune.search.trials import trial_attrs
 
-    peak = trial_attrs(t).metrics.get(METRIC) if FULL and card and MEMORY else None
-    return peak is not None and float(peak) >= FULL * card
+    metrics = trial_attrs(t).metrics
+    peak = metrics.get(METRIC) if FULL and card and MEMORY else None
+    if peak is None:
+        return False
+    free = metrics.get(FREE) if FREE_AT_START else None
+    limit = min(card, float(free)) if free is not None and float(free) > 0 else card
+    return float(peak) >= FULL * limit
 
 
 def card_gb(settings: Any) -> float | None:
@@ -139,17 +181,19 @@ def _gp(X: np.ndarray, y: np.ndarray, seed: int) -> Any:
 
 
 def log_p_fits(X_ran: np.ndarray, peaks: np.ndarray, X_oom: np.ndarray, Xc: np.ndarray,
-               card: float | None, seed: int) -> np.ndarray | None:
+               card: float | None, seed: int, need: np.ndarray | None = None) -> np.ndarray | None:
     """log P(peak <= the card) for each row of ``Xc``, from the peaks (GB) measured at ``X_ran``
-    and the out-of-memory launches at ``X_oom`` (None: too little to go on)."""
+    and the out-of-memory launches at ``X_oom`` (None: too little to go on); ``need``: what each
+    of those said it needed at least (NaN: nothing said)."""
     if not card or len(peaks) < 2 or (not len(X_oom) and (AFTER_OOM or len(peaks) < MIN_RUNS)):
         return None
     limit = float(card)
+    floor = np.full(len(X_oom), limit) if need is None else np.fmax(limit, np.asarray(need, dtype=float))
     X = np.vstack([X_ran, X_oom]) if len(X_oom) else X_ran
-    y = np.concatenate([peaks, np.full(len(X_oom), limit)])
+    y = np.concatenate([peaks, floor])
     gp = _gp(X, y, seed)
     if len(X_oom):  # censored: each failed launch needed more than the card, at least its prediction
-        y[len(peaks):] = np.maximum(limit, gp.predict(X_oom)) + PAD * limit
+        y[len(peaks):] = np.maximum(floor, gp.predict(X_oom)) + PAD * limit
         gp = _gp(X, y, seed)
     mu, sd = gp.predict(Xc, return_std=True)
     lp = norm.logcdf((limit - mu) / np.maximum(sd, 1e-6))
@@ -169,9 +213,13 @@ def split(ok: list, launched: list, row: dict[int, int], X: np.ndarray, Xf: np.n
     ran = [(row[t.number], float(trial_attrs(t).metrics[METRIC])) for t in ok
            if np.isfinite(trial_attrs(t).metrics.get(METRIC, np.nan))]  # ok: spilled ones left out
     card = card_gb(settings)
+    free = [float(trial_attrs(t).metrics[FREE]) for t in launched if FREE_AT_START and card
+            and float(trial_attrs(t).metrics.get(FREE) or 0.0) > 0]
+    usable = min(card, float(np.median(free))) if free else card  # what a trial may fill
     oom = [t for t in launched if (trial_attrs(t).status not in ("ok", "stopped") and is_oom(trial_attrs(t).reason))
            or (trial_attrs(t).status in ("ok", "stopped") and spilled(t, card))]
     gone = {t.number for t in oom}
+    need = np.array([(oom_need_gb(trial_attrs(t).reason) if OOM_SIZE else None) or np.nan for t in oom])
     lp = log_p_fits(X[[r for r, _ in ran]], np.array([p for _, p in ran]), X[[row[t.number] for t in oom]],
-                    Xf, card, seed) if ran else None
+                    Xf, usable, seed, need) if ran else None
     return lp, launched if lp is None else [t for t in launched if t.number not in gone]

@@ -33,6 +33,19 @@ class SimFailure(Exception):
     """The simulated engine fails (out of memory, context overflow): exit 1 with the text."""
 
 
+def llama_alloc(buffers: list[float], free_gb: float) -> None:
+    """Fail as llama.cpp does when ``buffers`` (its allocations in its order: model weights, KV
+    cache, compute buffers, GiB) exceed ``free_gb``: the first that no longer fits fails with
+    ggml-cuda's own line, which names that one buffer's size in MiB (not the total needed)."""
+    used, gb = 0.0, 0.0
+    for gb in buffers:
+        used += gb
+        if used > free_gb:
+            break
+    raise SimFailure(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {gb * 1024:.2f} MiB "
+                     "on device 0: cudaMalloc failed: out of memory")
+
+
 # ---- (a) 70B EXL2 on RTX 5090 + RTX 4090 (seed 003) --------------------------------------------
 EXL2_GPUS = ((32.0, 1792.0, 105.0), (24.0, 1008.0, 82.0))  # GiB, GB/s, dense TFLOPS (effective)
 EXL2_CACHE = {"FP16": 2.0, "Q8": 1.03, "Q6": 0.78, "Q4": 0.53}  # bytes per element
@@ -166,10 +179,10 @@ def llamacpp_7b(params: dict, const: dict | None = None) -> dict[str, float]:
     per_tok = QWEN_LAYERS * 4 * 128 * (KV_BYTES[params["type_k"]] + KV_BYTES[params["type_v"]])
     kv = per_tok * n_ctx / GIB
     scores = 0.0 if fa else n_batch * n_ctx * 28 * 4 / GIB  # attention scores without flash attn
-    vram = c["ctx_gb"] + weights * on_gpu + kv * on_gpu + (scores + 0.3 if ngl else 0.0)
+    buffers = [weights * on_gpu, kv * on_gpu, scores + 0.3 if ngl else 0.0]
+    vram = c["ctx_gb"] + sum(buffers)
     if vram > 24.0:
-        raise SimFailure(f"ggml_backend_cuda_buffer_type_alloc_buffer: allocating {vram:.1f} GiB "
-                         "on device 0: cudaMalloc failed: out of memory")
+        llama_alloc(buffers, 24.0 - c["ctx_gb"])
     kv_read = per_tok * (PROMPT_7B + 128)
     cpu_b, gpu_b = weights * (1 - on_gpu) * GIB, weights * on_gpu * GIB
     kv_speed = 1.0 if fa else c["no_fa_kv"]  # without flash attention the KV is read as f32 scores too

@@ -44,3 +44,15 @@ def test_a_spilled_trial_becomes_infeasible_and_others_stay() -> None:
     failed = TrialResult(4, "failed", reason="boom", info={"vram_per_gpu_gb": {"0": 23.5}})
     assert judge(failed, settings, 80.0) is failed
     assert judge(TrialResult(5, "ok", {"decode_tps": 5.0}), settings, 80.0).status == "ok"
+
+
+def test_a_spill_fills_what_the_card_had_free_at_the_start() -> None:
+    """A desktop held 3 GB of the 24: the trial's peak above idle reads 21.0 when it filled the
+    card, below 93% of 24 but all of the 21 it had."""
+    settings = {"gpus": [{"name": "RTX 4090", "memory_gb": 24}]}
+    filled = TrialResult(3, "ok", {"decode_tps": 5.0}, info={"vram_per_gpu_gb": {"0": 21.0}})
+    assert judge(filled, settings, 80.0) is filled  # against the whole card: room seemed left
+    filled = TrialResult(3, "ok", {"decode_tps": 5.0},
+                         info={"vram_per_gpu_gb": {"0": 21.0}, "vram_free_per_gpu_gb": {"0": 21.0}})
+    judged = judge(filled, settings, 80.0)
+    assert judged.status == "infeasible" and "GPU 0 at 21.0 of 21.0 GB" in judged.reason

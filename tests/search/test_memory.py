@@ -34,6 +34,31 @@ def test_the_reason_text_tells_out_of_memory_from_other_failures():
     assert not memory.is_oom(None)
 
 
+def test_an_out_of_memory_line_says_what_the_launch_needed_at_least():
+    # ggml-cuda names the one buffer it failed to allocate (ggml-cuda.cu's GGML_LOG_ERROR line)
+    assert memory.oom_need_gb("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 31027.20 MiB on "
+                              "device 0: cudaMalloc failed: out of memory") == pytest.approx(30.3, abs=0.01)
+    # PyTorch: what the process held (total less free) and the request that failed
+    assert memory.oom_need_gb("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+                              "has a total capacity of 79.19 GiB of which 1.06 GiB is free.") == pytest.approx(80.13)
+    assert memory.oom_need_gb("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 "
+                              "has a total capacity of 23.99 GiB of which 100.00 MiB is free.") == pytest.approx(24.39, abs=0.01)
+    assert memory.oom_need_gb("torch.OutOfMemoryError: CUDA out of memory while capturing CUDA graphs") is None
+    assert memory.oom_need_gb(None) is None
+
+
+def test_what_an_out_of_memory_line_says_carries_the_model_past_the_card():
+    """Peak = 4 + 22 a (card 20): two runs at a <= 0.5 and one launch at a = 1 that ran out of
+    memory. Entered at the card, the failure is barely over it and a = 0.8 looks likely to fit;
+    entered at the 26 GB its line named, the trend puts a = 0.8 (21.6 GB) past the card."""
+    X_ran, peaks = np.array([[0.0], [0.5]]), np.array([4.0, 15.0])
+    X_oom, Xc = np.array([[1.0]]), np.array([[0.8], [0.2]])
+    at_card = np.exp(memory.log_p_fits(X_ran, peaks, X_oom, Xc, 20.0, seed=0))
+    said = np.exp(memory.log_p_fits(X_ran, peaks, X_oom, Xc, 20.0, seed=0, need=np.array([26.0])))
+    assert said[0] < at_card[0] and said[0] < 0.2, (said, at_card)
+    assert said[1] > 0.9  # 8.4 GB: fits either way
+
+
 def test_the_card_is_what_the_settings_declare():
     assert memory.card_gb({"gpus": [{"name": "RTX 4090", "memory_gb": 24}]}) == 24.0
     assert memory.card_gb({"gpus": [{"memory_gb": 32}, {"memory_gb": 24}]}) == 56.0
@@ -65,6 +90,20 @@ def test_a_run_at_the_cards_limit_counts_as_a_spill_only_when_asked(monkeypatch)
     monkeypatch.setattr(memory, "FULL", 0.99)
     assert memory.spilled(trial, CARD)
     assert not memory.spilled(trial, None)
+
+
+def test_a_spill_fills_what_was_free_at_the_start_not_the_whole_card(monkeypatch):
+    """Other processes held 0.7 GB of the 24: a trial that filled the 23.3 GB left spilled, though
+    its peak reads below 99% of the card."""
+    monkeypatch.setattr(memory, "MEMORY", True)
+    monkeypatch.setattr(memory, "FULL", 0.99)
+    full = optuna.trial.create_trial(values=[5.0], user_attrs={
+        "status": "ok", "metrics": {"vram_peak_gb": 23.3, "vram_free_gb": 23.3}})
+    below = optuna.trial.create_trial(values=[5.0], user_attrs={
+        "status": "ok", "metrics": {"vram_peak_gb": 21.0, "vram_free_gb": 23.3}})
+    assert memory.spilled(full, CARD) and not memory.spilled(below, CARD)
+    monkeypatch.setattr(memory, "FREE_AT_START", False)
+    assert not memory.spilled(full, CARD)  # against the card alone it looks fine
 
 
 def _config():

@@ -345,8 +345,8 @@ class ExLlamaV2Engine(Engine):
         vram = getattr(self, "vram", None)
         if vram is None:
             return {}
-        self.info["vram_per_gpu_gb"] = dict(vram.per_gpu)
-        return {"vram_peak_gb": vram.peak_gb}
+        self.info.update(vram_per_gpu_gb=dict(vram.per_gpu), vram_free_per_gpu_gb=dict(vram.free))
+        return vram.metrics()
 
     def stop(self) -> None:
         if getattr(self, "pump", None) is not None:

@@ -361,8 +361,8 @@ class LlamaCppEngine(Engine):
         if self._estimate is not None:
             out["mem_estimate_mb"] = self._estimate["total_mb"]
         if self._vram is not None:
-            out["vram_peak_gb"] = self._vram.peak_gb
-            self.info["vram_per_gpu_gb"] = dict(self._vram.per_gpu)
+            out.update(self._vram.metrics())
+            self.info.update(vram_per_gpu_gb=dict(self._vram.per_gpu), vram_free_per_gpu_gb=dict(self._vram.free))
         return out
 
     def stop(self) -> None:
