@@ -148,7 +148,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "cardread": {"moe": {"SPILL_READ": "card"}, "memory": {"FREE_AT_START": False, "OOM_SIZE": False}},  # both before
     "nooomsize": {"memory": {"OOM_SIZE": False}},
     "nofree": {"memory": {"FREE_AT_START": False}},
-    "sobol": {"design": {"SPREAD": "sobol"}},  # no prior: the design's spread points in Sobol order, not maximin
+    "maximin": {"design": {"SPREAD": "maximin"}},  # no prior: the design's spread points by maximin (before session 24)
 }
 SURFACE_MODULES = ("moe", "models")  # bench/surfaces modules a variant may set (fast mode only)
 CHECKPOINTS = (10, 20, 30)

@@ -2,11 +2,13 @@
 
 Instead of random startup trials, a scrambled Sobol sequence (``scipy.stats.qmc``) over the
 encoded space is mapped to parameter values and ``when`` conditions are applied; points that
-break a rule or fail the engine's check are dropped. From that pool of valid points the
-design is picked greedily to be as far as possible from what is already queued (trial 0,
-``study.enqueue``, which count towards ``study.n_startup``) and from each other (maximin),
-skipping points the engine predicts will not fit. When the engine predicts a decode-speed
-upper bound for every point, and the bounds differ, the design runs fastest-predicted first.
+break a rule or fail the engine's check are dropped, as are points the engine predicts will
+not fit. Without a speed prior the design takes the valid points in Sobol order (``SPREAD``),
+after what is already queued (trial 0, ``study.enqueue``, which count towards
+``study.n_startup``). When the engine predicts a decode-speed upper bound for every point, and
+the bounds differ, the design is picked greedily to be as far as possible from what is queued
+and from each other (maximin), part of it among the fastest-predicted points, and runs
+fastest-predicted first.
 Before that spread, the design shows every level of each unordered, non-numeric categorical
 knob and both branches of each conditional knob at least once (:func:`covering`, issue 41),
 so the model never starts blind to a whole branch of the space.
@@ -85,7 +87,20 @@ COVER_NEAR = True  # without a prior: the holder nearest trial 0 (False: farthes
 # whose levels outnumber its design); exl2_70b 1000-1017: 15/15 against 13/15, worst decile
 # 0.969 against 0.000. False: the eager cover (bench variant eagercover).
 COVER_LAZY = True
-SPREAD = "maximin"  # "sobol": without a prior, the spread points in Sobol order (interior values too)
+# How the design spreads its points without a speed prior (SPREAD): "sobol", the valid Sobol points
+# in sequence order (a scrambled Sobol prefix is balanced, so a thread count or batch size is shown
+# at interior values, not only at its ends); "maximin" (before session 24), each next point the
+# farthest from those queued, which puts them at the space's corners. A CPU box's best thread
+# count sits inside its range, and with corners only (1 and 16 threads) the GP read a rise from
+# 1 to 16 and never tried 8 (bench cpu_7b, tune instance 1000). bench/efficiency.py --families all,
+# no prior, 20 launched trials, studies at 95% of the optimum by trial 20, maximin against sobol:
+# tune instances 1000-1009 42/65 against 50/65 (cpu_7b 2/7 -> 5/7, vllm_h100 2 -> 5, streamer_70b
+# 5 -> 8, llamacpp_noisy 10 -> 9, moe_30b 6 -> 5); held out 5000-5005 24/40 against 28/40 (cpu_7b
+# 1/5 -> 5/5, llamacpp_noisy 4 -> 6, vllm_h100 0 -> 2, streamer_70b 6 -> 2, moe_30b 3 -> 2); the
+# hand-written surfaces' report seeds 100-119, 102/140 against 103/140. Seed by seed over the
+# three sets 31 studies won, 20 lost (bench/results/efficiency.txt, session 24). With a prior
+# the design is ordered by the predicted bound, as before.
+SPREAD = "sobol"
 _ON, _OFF = "<active>", "<inactive>"
 
 
