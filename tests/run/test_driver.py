@@ -138,8 +138,8 @@ def test_bo_never_proposes_what_the_driver_would_refuse_and_stops_when_all_ran(l
 
 
 def test_resume_reruns_the_interrupted_configuration_without_spending_budget(local_ray, tmp_path):
-    cfg, space = fake_config(tmp_path, ["study.n_trials=5", "space.duration_s.value=2.0",
-                                        "ray.max_concurrent=1", "study.sampler=tpe"])
+    cfg, space = fake_config(tmp_path, ["study.n_trials=5", "space.duration_s.value=2.0", "ray.max_concurrent=1",
+                                        "study.sampler=tpe", "study.early_stop=false"])  # every run whole
     cut = WhenStarted(cfg.engine.settings["record_dir"], lambda ev: ev["trial"] == "0002",
                       lambda ev: _thread.interrupt_main())
     cut.start()
