@@ -66,7 +66,7 @@ PAD = 0.02  # an out-of-memory launch enters at max(card, its prediction) + PAD 
 # PyTorch the request and what the process held ("Tried to allocate 2.00 GiB. GPU 0 has a total
 # capacity of 79.19 GiB of which 1.06 GiB is free").
 OOM_SIZE = True
-_UNIT = {"kib": 1 / 1024 ** 2, "mib": 1 / 1024, "gib": 1.0, "kb": 1e-6, "mb": 1e-3, "gb": 1.0}
+_UNIT = {"kib": 1 / 1024 ** 2, "mib": 1 / 1024, "gib": 1.0}  # the units the two lines print
 _GGML = re.compile(r"allocating ([0-9.]+) (MiB|GiB) on device", re.I)
 _TORCH = re.compile(r"tried to allocate ([0-9.]+) (MiB|GiB|KiB).*?total capacity of ([0-9.]+) (GiB|MiB)"
                     r" of which ([0-9.]+) (GiB|MiB|KiB) is free", re.I | re.S)
