@@ -149,6 +149,13 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "nooomsize": {"memory": {"OOM_SIZE": False}},
     "nofree": {"memory": {"FREE_AT_START": False}},
     "maximin": {"design": {"SPREAD": "maximin"}},  # no prior: the design's spread points by maximin (before session 24)
+    # session 25: with a speed prior, the design in Sobol order within the fastest-predicted share,
+    # and/or a startup as short as without a prior
+    "sobolprior": {"design": {"SPREAD_PRIOR": "sobol"}},
+    "prior4": {"design": {"PRIOR_STARTUP": 4}},
+    "sobolprior4": {"design": {"SPREAD_PRIOR": "sobol", "PRIOR_STARTUP": 4}},
+    "noctx": {"context": {"CONTEXT": False}},
+    "cnoise": {"bo": {"CONSTRAINT_NOISE_MAX": 0.05}},  # a constraint's GP may call less of it noise  # a context overflow stays a "does it run" point (before session 25)
 }
 SURFACE_MODULES = ("moe", "models")  # bench/surfaces modules a variant may set (fast mode only)
 CHECKPOINTS = (10, 20, 30)

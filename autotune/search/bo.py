@@ -50,6 +50,7 @@ from scipy.stats import norm
 from threadpoolctl import threadpool_limits
 
 from autotune.search import batch as batchlib
+from autotune.search import context
 from autotune.search import design
 from autotune.search import front as frontlib
 from autotune.search import local
@@ -114,13 +115,19 @@ RESTARTS = 2
 # A pool that samples its space grows around the REFINE best measured configurations at each
 # ask (autotune.search.refine): a narrow optimum need not be among the sampled ones.
 REFINE = 2
+# The white-noise share a constraint's GP may fit (of its normalised variance). With a few values
+# that all break a bound (a perplexity limit every early trial misses), a GP free to call the one
+# better value noise predicts the same violation everywhere with a small spread, and bo's "likeliest
+# feasible" ask then follows nothing. Session 25 variant cnoise: CONSTRAINT_NOISE_MAX 0.05.
+CONSTRAINT_NOISE_MAX = 0.5
 
 
 class _GP:
     """A fitted GP (and its kernel, to add trials in flight without refitting)."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray,
-                 kernel: Any = None, optimize: bool = True, floor: float | None = None) -> None:
+                 kernel: Any = None, optimize: bool = True, floor: float | None = None,
+                 noise_max: float = 0.5) -> None:
         """``kernel``: start from these hyperparameters (a warm start, no restarts), or keep
         them as they are when not ``optimize``; ``floor``: the length scales' lower bound
         (default ``LENGTH_SCALE_MIN``)."""
@@ -133,7 +140,7 @@ class _GP:
         if cold:
             kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
                 length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(LENGTH_SCALE_MIN if floor is None else floor, LENGTH_SCALE_MAX),
-                nu=2.5) + WhiteKernel(1e-2, (1e-5, 0.5))
+                nu=2.5) + WhiteKernel(min(1e-2, noise_max), (1e-5, noise_max))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a length scale at its bound is fine here
             self.fitted = GaussianProcessRegressor(
@@ -176,6 +183,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         self.last_sizes: dict[str, int] = {}  # the last ask's training and candidate set sizes
         self._kernels: dict[str, Any] = {}  # each GP's last fitted hyperparameters
         self._asks = 0
+        self._need: dict[str, int] = {}  # context knob -> tokens a failed launch named (autotune.search.context)
         self._pareto = False  # a Pareto search (set at each model ask from the study's directions)
         self._pool_fn = pool_fn
         self._pool: Pool | None = None
@@ -213,9 +221,11 @@ class PoolSampler(optuna.samplers.BaseSampler):
 
     # ---- the choice ------------------------------------------------------------------
     def _free(self, keys: dict[int, str]) -> np.ndarray:
-        """Pool rows of the configurations no trial has proposed yet."""
-        told = set(keys.values())
-        return np.array([i for i, k in enumerate(self.pool.keys) if k not in told], dtype=int)
+        """Pool rows of the configurations no trial has proposed yet and no context overflow
+        seen rules out (:mod:`autotune.search.context`)."""
+        told, params, need = set(keys.values()), self.pool.params, self._need
+        return np.array([i for i, k in enumerate(self.pool.keys)
+                         if k not in told and (not need or context.allowed(params[i], need))], dtype=int)
 
     def choose(self, study: optuna.Study) -> dict[str, Any] | None:
         """The free pool configuration with the highest acquisition (None: none is left)."""
@@ -225,6 +235,8 @@ class PoolSampler(optuna.samplers.BaseSampler):
         if pool.space is not None:  # a sample: trials measured outside it (trial 0, the design) join it
             pool.grow([trial_params(t) for t in trials if keys[t.number] not in pool.index
                        and t.state in TOLD], measured=True)
+        self._need = context.limits([(trial_params(t), trial_attrs(t).reason) for t in trials
+                                     if t.state in TOLD and trial_attrs(t).status not in RAN])
         free = self._free(keys)
         if not len(free):
             return None
@@ -349,12 +361,13 @@ class PoolSampler(optuna.samplers.BaseSampler):
             return np.zeros(len(pool.keys))
         return _trusted_prior(pool.log_bound, rows, y)
 
-    def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> _GP:
+    def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray,
+            noise_max: float = 0.5) -> _GP:
         """A GP for ``name``: past WARM_FROM trials warm-started from its last hyperparameters,
         re-optimised every REFIT_EVERY asks and kept as they are in between."""
         kernel = self._kernels.get(name) if len(y) > WARM_FROM else None
         gp = _GP(X, y, seed, pending, kernel, optimize=self._asks % REFIT_EVERY == 0,
-                 floor=PARETO_LENGTH_SCALE_MIN if self._pareto else None)
+                 floor=PARETO_LENGTH_SCALE_MIN if self._pareto else None, noise_max=noise_max)
         self._kernels[name] = gp.fitted.kernel_
         return gp
 
@@ -364,13 +377,16 @@ class PoolSampler(optuna.samplers.BaseSampler):
         out = np.zeros(len(Xf))
         fits, launched = memory.split(ok, launched, row, self.pool.X, Xf, self.space.settings, seed)
         out += 0.0 if fits is None else fits
+        if self._need:  # a context overflow is a rule on the free rows, not a "does it run" point
+            launched = [t for t in launched if not context.explained(trial_params(t), trial_attrs(t).reason)]
         for c in self.constraints:
             seen = [(row[t.number], trial_attrs(t).metrics[c.metric])
                     for t in ok if c.metric in trial_attrs(t).metrics]
             z = np.array([c.violation(v) / max(abs(c.bound), 1e-9) for _, v in seen])
             if len(seen) < 2 or np.all(z < -0.5):
                 continue  # too few values, or far inside its bound everywhere measured
-            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending).predict(Xf)
+            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending,
+                              CONSTRAINT_NOISE_MAX).predict(Xf)
             out += norm.logcdf(-mu / sd)
         if any(trial_attrs(t).status not in RAN for t in launched):
             ran = np.array([1.0 if trial_attrs(t).status in RAN else -1.0 for t in launched])

@@ -173,7 +173,7 @@ def llamacpp_7b(params: dict, const: dict | None = None) -> dict[str, float]:
     quant, ngl, n_ctx = params["quant"], int(params["n_gpu_layers"]), int(params["n_ctx"])
     n_batch, fa = int(params["n_batch"]), bool(params["flash_attn"])
     if n_ctx < PROMPT_7B + 256:
-        raise SimFailure(f"llama_decode: failed to find a KV slot: n_ctx={n_ctx} < {PROMPT_7B + 256}")
+        raise SimFailure(f"ValueError: Requested tokens ({PROMPT_7B + 256}) exceed context window of {n_ctx}")
     weights = QUANT_GB[quant]
     on_gpu = min(ngl, QWEN_LAYERS + 1) / (QWEN_LAYERS + 1)
     per_tok = QWEN_LAYERS * 4 * 128 * (KV_BYTES[params["type_k"]] + KV_BYTES[params["type_v"]])
@@ -221,7 +221,7 @@ def cpu_7b(params: dict, const: dict | None = None) -> dict[str, float]:
     quant, n_t, n_tb = params["quant"], int(params["n_threads"]), int(params["n_threads_batch"])
     n_batch, n_ctx = int(params["n_batch"]), int(params["n_ctx"])
     if n_ctx < PROMPT_CPU + 128:
-        raise SimFailure(f"llama_decode: failed to find a KV slot: n_ctx={n_ctx} < {PROMPT_CPU + 128}")
+        raise SimFailure(f"ValueError: Requested tokens ({PROMPT_CPU + 128}) exceed context window of {n_ctx}")
     weights = CPU_QUANT_GB[quant] * GIB
     bw = c["ram_bw"] * min(1.0, 0.3 + 0.7 * min(n_t, CORES) / c["sat_threads"])  # a few threads saturate DDR4
     compute = 2 * 7.6e9 / (_threads_eff(n_t, c["smt"]) * c["core_flops"] * CPU_QUANT_FLOPS[quant] * c[f"k_{quant}"])

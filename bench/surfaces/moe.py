@@ -48,7 +48,8 @@ def moe_30b(params: dict, const: dict | None = None) -> dict[str, float]:
     quant, n_cpu, n_ctx = params["quant"], int(params["n_cpu_moe"]), int(params["n_ctx"])
     kv, ub, threads, fa = params["kv_type"], int(params["ubatch"]), int(params["threads"]), bool(params["flash_attn"])
     if n_ctx < PROMPT + 512:
-        raise SimFailure(f"llama_decode: failed to find a KV slot: n_ctx={n_ctx} < {PROMPT + 512}")
+        raise SimFailure(f"HTTP 400: request ({PROMPT + 512} tokens) exceeds the available context size "
+                         f"({n_ctx} tokens), try increasing it")
     file_gb = MOE_GB[quant]
     layer_gb = file_gb * (1 - DENSE) / LAYERS  # one layer's experts
     kv_gb = KV_ELEMS * KV_BYTES[kv] * n_ctx / GIB
