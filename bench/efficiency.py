@@ -149,17 +149,10 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "nooomsize": {"memory": {"OOM_SIZE": False}},
     "nofree": {"memory": {"FREE_AT_START": False}},
     "maximin": {"design": {"SPREAD": "maximin"}},  # no prior: the design's spread points by maximin (before session 24)
-    # session 25: with a speed prior, the design in Sobol order within the fastest-predicted share,
-    # and/or a startup as short as without a prior
-    "sobolprior": {"design": {"SPREAD_PRIOR": "sobol"}},
-    "prior4": {"design": {"PRIOR_STARTUP": 4}},
-    "sobolprior4": {"design": {"SPREAD_PRIOR": "sobol", "PRIOR_STARTUP": 4}},
-    "noctx": {"context": {"CONTEXT": False}},
-    "cnoise": {"bo": {"CONSTRAINT_NOISE_MAX": 0.05}},  # a constraint's GP may call less of it noise  # a context overflow stays a "does it run" point (before session 25)
+    "noctx": {"context": {"CONTEXT": False}},  # a context overflow stays a "does it run" point (before session 25)
 }
 SURFACE_MODULES = ("moe", "models")  # bench/surfaces modules a variant may set (fast mode only)
 CHECKPOINTS = (10, 20, 30)
-RESULTS = ROOT / "bench" / "results"
 
 
 @dataclass(frozen=True)
@@ -453,7 +446,10 @@ def table(rows: list[dict], truths: dict[str, Truth], runs: list[Run] = ()) -> s
     return console.export_text()
 
 
-def write_results(results: Path, text: str, rows: list[dict], runs: list[Run], wall: float, cmd: str) -> None:
+def write_results(results: Path | None, text: str, rows: list[dict], runs: list[Run], wall: float, cmd: str) -> None:
+    if results is None:
+        print("(nothing written: --results PATH keeps the table and every study)")
+        return
     results.parent.mkdir(parents=True, exist_ok=True)
     results.with_suffix(".txt").write_text(text)
     results.with_suffix(".json").write_text(json.dumps(
@@ -467,7 +463,7 @@ def load_runs(path: Path) -> list[Run]:
     return [Run(**{**r, "curve": tuple(r["curve"]), "found": tuple(r.get("found") or ())}) for r in items]
 
 
-def merge(files: list[Path], results: Path, cmd: str) -> int:
+def merge(files: list[Path], results: Path | None, cmd: str) -> int:
     """Re-aggregate the runs of earlier results files (later files win on the same study)."""
     runs: dict[tuple, Run] = {}
     for f in files:
@@ -531,7 +527,10 @@ def main(argv: list[str] | None = None) -> int:
                          "the same studies ('base': the defaults); rows are labelled METHOD:VARIANT")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 surface, 2 methods, 1 seed, 6 trials")
     ap.add_argument("--out", default=None, help="where CLI studies go (default: a temp dir, removed)")
-    ap.add_argument("--results", default=str(RESULTS / "efficiency"), help="results path without suffix")
+    ap.add_argument("--results", default=None,
+                    help="results path without suffix: the table (.txt) and every study (.json) are written "
+                         "there (default: printed only; bench/results/efficiency.txt is a log kept by hand, "
+                         "so a run never writes over it unless named)")
     ap.add_argument("--stream", default=None, help="append each finished study to this .jsonl")
     ap.add_argument("--merge", nargs="+", metavar="FILE", help="no runs: table from .json/.jsonl results")
     ap.add_argument("--rescore", action="store_true",
@@ -563,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
             write_results(Path(args.results), text, rows, runs, 0.0, cmd)
         return 0
     if args.merge:
-        return merge([Path(p) for p in args.merge], Path(args.results), cmd)
+        return merge([Path(p) for p in args.merge], Path(args.results) if args.results else None, cmd)
     if args.quick:
         args.surfaces, args.methods, args.modes, args.seeds, args.trials = "cpu_7b", "default,random", "physics", 1, 6
     if args.tune:
@@ -629,7 +628,7 @@ def main(argv: list[str] | None = None) -> int:
     tail += "".join(f"study {r.surface}/{r.mode}/{r.method}/s{r.seed} exited {r.rc}: {r.error}\n"
                     for r in runs if r.rc != 0)
     print(tail, end="")
-    write_results(Path(args.results), text + tail, rows, runs, wall, cmd)
+    write_results(Path(args.results) if args.results else None, text + tail, rows, runs, wall, cmd)
     if not args.out and not args.rescore:
         shutil.rmtree(out, ignore_errors=True)
     return 0 if all(r.rc == 0 for r in runs) else 1

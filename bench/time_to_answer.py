@@ -54,6 +54,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "bench" / "surfaces"))
 sys.path.insert(0, str(ROOT))
 
@@ -266,23 +267,29 @@ def _sweep(surface: str, finish, driver, study, p, result):
 
 
 def one(truth: Truth | str, method: str, seed: int, trials: int) -> dict:
-    """One study: hours to 95% of the optimum (inf: never), hours of the whole budget."""
+    """One study: hours to 95% of the optimum (inf: never), hours of the whole budget.
+    ``method``: a rule with its levers, and ``:VARIANT`` a search variant (``--variant``)."""
+    from efficiency import set_variant
+
     from autotune.measure import early_stop
 
     truth = _TRUTHS[truth] if isinstance(truth, str) else truth
-    levers = levers_of(method)
-    placement = ClockedPlacement(truth.name, reuse=method != "before", levers=levers)
+    plain, _, variant = method.partition(":")
+    set_variant(variant)
+    levers = levers_of(plain)
+    placement = ClockedPlacement(truth.name, reuse=plain != "before", levers=levers)
     saved = _rule("now")
-    for name, value in _rule(method.partition("/")[0]).items():
+    for name, value in _rule(plain.partition("/")[0]).items():
         setattr(early_stop, name, value)
     try:
-        with _memo(truth.name, levers, reuse=method != "before"):
+        with _memo(truth.name, levers, reuse=plain != "before"):
             done, _, _ = fast_study([f"conf={truth.name}", f"study.seed={seed}", f"study.n_trials={trials}",
-                                     f"engine.settings.vars.noise_seed={seed}", *METHODS.get(method, [])],
+                                     f"engine.settings.vars.noise_seed={seed}", *METHODS.get(plain, [])],
                                     placement=placement)
     finally:
         for name, value in saved.items():
             setattr(early_stop, name, value)
+        set_variant("")
     best, reached = -math.inf, math.inf
     for t in done:  # launch order: the configuration the study would pick after each trial
         if t["status"] == "ok" and satisfies(t["metrics"], truth.constraints) and t["metrics"][truth.metric] > best:
@@ -354,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=Path, default=None, help="append each study's row here (JSON lines); "
                     "rows already there are not run again")
     ap.add_argument("--out", type=Path, default=None, help="write the table here (with the command)")
+    ap.add_argument("--variant", default="base", help="comma-separated search variants (bench/efficiency.py "
+                    "VARIANTS, 'base': the defaults), each run with every method; rows read METHOD:VARIANT")
     args = ap.parse_args(argv)
     surfaces = ["exl2_70b"] if args.smoke else args.surfaces.split(",")
     seeds = range(args.first_seed, args.first_seed + (2 if args.smoke else args.seeds))
@@ -363,10 +372,16 @@ def main(argv: list[str] | None = None) -> int:
         _TRUTHS[s] = load(s, launchable=False)
     methods = ([] if args.no_before else ["before"]) + [
         rule if lv == "shipped" else f"{rule}/{lv}" for rule in args.rule.split(",") for lv in args.levers.split(",")]
-    unknown = [m for m in methods if m != "before" and m.partition("/")[0] not in RULES]
+    from efficiency import VARIANTS
+
+    variants = args.variant.split(",")
+    if bad := [v for v in variants if v not in ("", "base", *VARIANTS)]:
+        ap.error(f"unknown --variant {', '.join(bad)}; known: base, {', '.join(VARIANTS)}")
+    methods = [m if v in ("", "base") else f"{m}:{v}" for v in variants for m in methods]
+    unknown = [m for m in methods if m != "before" and m.partition(":")[0].partition("/")[0] not in RULES]
     if unknown:
         ap.error(f"unknown --rule {', '.join(unknown)}; known: {', '.join(RULES)}")
-    bad = [lv for m in methods for lv in levers_of(m) if lv not in LEVERS]
+    bad = [lv for m in methods for lv in levers_of(m.partition(":")[0]) if lv not in LEVERS]
     if bad:
         ap.error(f"unknown --levers {', '.join(bad)}; known: {', '.join(LEVERS)} ('+'-joined), none, shipped")
     jobs = [(s, method, seed, trials) for s in surfaces for seed in seeds for method in methods]

@@ -58,3 +58,16 @@ def test_bench_smoke_run(bench: Path, tmp_path: Path):
 @pytest.mark.parametrize("name", sorted(SMOKE_ELSEWHERE))
 def test_smoke_runs_elsewhere_use_the_smoke_mode(name: str):
     assert "--smoke" in SMOKE_ELSEWHERE[name].read_text()
+
+
+def test_time_to_answer_runs_a_search_variant_beside_the_default(tmp_path: Path):
+    """--variant (bench/efficiency.py's VARIANTS): each method again with the variant set, its
+    rows labelled METHOD:VARIANT; an unknown one is refused before any study runs."""
+    bench = str(ROOT / "bench" / "time_to_answer.py")
+    proc = _run([bench, "--smoke", "--no-before", "--variant", "base,noctx"], tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [line for line in proc.stdout.splitlines() if "exl2_70b" in line]
+    assert [r.split("│")[2].strip() for r in rows] == ["now", "now:noctx"], proc.stdout[-3000:]
+    bad = _run([bench, "--smoke", "--variant", "nosuch"], tmp_path, timeout=120)
+    assert bad.returncode == 2 and "unknown --variant nosuch" in bad.stderr, bad.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

@@ -45,7 +45,6 @@ from autotune.run.headroom import with_roofline
 from autotune.run.launcher import Launcher
 from autotune.run.quality_memo import QualityMemo
 from autotune.search import trials as trialslib
-from autotune.search import design as design_mod
 from autotune.search.design import FAST_PART
 from autotune.search.design import NO_PRIOR_STARTUP
 from autotune.search.design import config_key
@@ -168,8 +167,6 @@ class Driver:
         if st.search == "single" and resolve(st.sampler, st.search, len(self.cfg.objectives)) == "bo" \
                 and not self.speed_prior:
             n = min(n, NO_PRIOR_STARTUP)
-        elif design_mod.PRIOR_STARTUP is not None and self.speed_prior:
-            n = min(n, design_mod.PRIOR_STARTUP)
         return n
 
     def design(self, baseline: dict[str, Any]) -> list[dict[str, Any]]:

@@ -115,19 +115,13 @@ RESTARTS = 2
 # A pool that samples its space grows around the REFINE best measured configurations at each
 # ask (autotune.search.refine): a narrow optimum need not be among the sampled ones.
 REFINE = 2
-# The white-noise share a constraint's GP may fit (of its normalised variance). With a few values
-# that all break a bound (a perplexity limit every early trial misses), a GP free to call the one
-# better value noise predicts the same violation everywhere with a small spread, and bo's "likeliest
-# feasible" ask then follows nothing. Session 25 variant cnoise: CONSTRAINT_NOISE_MAX 0.05.
-CONSTRAINT_NOISE_MAX = 0.5
 
 
 class _GP:
     """A fitted GP (and its kernel, to add trials in flight without refitting)."""
 
     def __init__(self, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray,
-                 kernel: Any = None, optimize: bool = True, floor: float | None = None,
-                 noise_max: float = 0.5) -> None:
+                 kernel: Any = None, optimize: bool = True, floor: float | None = None) -> None:
         """``kernel``: start from these hyperparameters (a warm start, no restarts), or keep
         them as they are when not ``optimize``; ``floor``: the length scales' lower bound
         (default ``LENGTH_SCALE_MIN``)."""
@@ -140,7 +134,7 @@ class _GP:
         if cold:
             kernel = ConstantKernel(1.0, (1e-2, 1e2)) * Matern(
                 length_scale=np.full(X.shape[1], 0.5), length_scale_bounds=(LENGTH_SCALE_MIN if floor is None else floor, LENGTH_SCALE_MAX),
-                nu=2.5) + WhiteKernel(min(1e-2, noise_max), (1e-5, noise_max))
+                nu=2.5) + WhiteKernel(1e-2, (1e-5, 0.5))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a length scale at its bound is fine here
             self.fitted = GaussianProcessRegressor(
@@ -361,13 +355,12 @@ class PoolSampler(optuna.samplers.BaseSampler):
             return np.zeros(len(pool.keys))
         return _trusted_prior(pool.log_bound, rows, y)
 
-    def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray,
-            noise_max: float = 0.5) -> _GP:
+    def _gp(self, name: str, X: np.ndarray, y: np.ndarray, seed: int, pending: np.ndarray) -> _GP:
         """A GP for ``name``: past WARM_FROM trials warm-started from its last hyperparameters,
         re-optimised every REFIT_EVERY asks and kept as they are in between."""
         kernel = self._kernels.get(name) if len(y) > WARM_FROM else None
         gp = _GP(X, y, seed, pending, kernel, optimize=self._asks % REFIT_EVERY == 0,
-                 floor=PARETO_LENGTH_SCALE_MIN if self._pareto else None, noise_max=noise_max)
+                 floor=PARETO_LENGTH_SCALE_MIN if self._pareto else None)
         self._kernels[name] = gp.fitted.kernel_
         return gp
 
@@ -385,8 +378,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
             z = np.array([c.violation(v) / max(abs(c.bound), 1e-9) for _, v in seen])
             if len(seen) < 2 or np.all(z < -0.5):
                 continue  # too few values, or far inside its bound everywhere measured
-            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending,
-                              CONSTRAINT_NOISE_MAX).predict(Xf)
+            mu, sd = self._gp(str(c), self.pool.X[[r for r, _ in seen]], z, seed, pending).predict(Xf)
             out += norm.logcdf(-mu / sd)
         if any(trial_attrs(t).status not in RAN for t in launched):
             ran = np.array([1.0 if trial_attrs(t).status in RAN else -1.0 for t in launched])

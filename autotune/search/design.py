@@ -101,8 +101,6 @@ COVER_LAZY = True
 # three sets 31 studies won, 20 lost (bench/results/efficiency.txt, session 24). With a prior
 # the design is ordered by the predicted bound, as before.
 SPREAD = "sobol"
-SPREAD_PRIOR = "maximin"  # with a speed prior: "maximin" among the fastest-predicted, or "sobol" order
-PRIOR_STARTUP: int | None = None  # with a speed prior: at most this many startup trials (None: by budget)
 _ON, _OFF = "<active>", "<inactive>"
 
 
@@ -301,7 +299,7 @@ def startup_design(space: Space, n: int, seed: int | None, queued: list[dict[str
     while pool and len(chosen) < n:
         picks = [j for j, c in enumerate(pool) if len(chosen) >= n_fast or config_key(c) in fast] \
             or range(len(pool))
-        if (SPREAD if not ranked_by_bound else SPREAD_PRIOR) == "sobol":  # valid Sobol points in order
+        if SPREAD == "sobol" and not ranked_by_bound:  # the valid Sobol points in sequence order
             i = min(picks)
         else:
             i = max(picks, key=lambda j: (nearest[j], -j))  # farthest; ties: Sobol order
