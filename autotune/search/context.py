@@ -4,7 +4,8 @@ A request longer than the context fails the same way whatever the other knobs ho
 engines say by how much: llama-server answers HTTP 400 ``request (N tokens) exceeds the available
 context size (M tokens), try increasing it``, llama-cpp-python raises ``Requested tokens (N)
 exceed context window of M``, vLLM ``maximum context length is M tokens. However, you requested
-N tokens``. The load-time check (:func:`autotune.config.checks.context_rule`) excludes what the
+N tokens``, autotune's in-process llama.cpp engine ``n_ctx=M is too small for a P-token prompt + G
+new tokens`` (N = P + G). The load-time check (:func:`autotune.config.checks.context_rule`) excludes what the
 workload's prompts rule out by a lower bound on their tokens (bytes / 8); a real tokenizer, a
 chat template or a longer generation can still overflow a context above it.
 
@@ -32,6 +33,7 @@ _CTX_FIRST = (
     re.compile(r"maximum context length is (\d+) tokens\. however, (?:you requested|your request has) (\d+)",
                re.I),
 )
+_OWN = re.compile(r"=(\d+) is too small for a (\d+)-token prompt \+ (\d+) new tokens")
 _NAMES = ("ctx", "seq_len", "model_len", "context")  # a tie between knobs holding M goes to one so named
 
 
@@ -44,6 +46,8 @@ def overflow(reason: str | None) -> tuple[int, int] | None:
     for pattern in _CTX_FIRST:
         if m := pattern.search(text):
             return int(m.group(2)), int(m.group(1))
+    if m := _OWN.search(text):
+        return int(m.group(2)) + int(m.group(3)), int(m.group(1))
     return None
 
 

@@ -189,6 +189,29 @@ def test_the_real_server_starts_answers_and_stops_whole(binary: Path, gemma, tmp
 
 
 @pytest.mark.slow
+def test_a_request_over_the_context_is_infeasible_with_a_line_bo_reads_as_a_rule(binary: Path, gemma,
+                                                                                 tmp_path: Path) -> None:
+    """The real server's HTTP 400 for a prompt longer than the slot's context reaches the trial's
+    reason whole, and autotune.search.context reads the need and the knob holding the context."""
+    from autotune.errors import InfeasibleConfig
+    from autotune.search import context
+
+    params = {"model": "q4_k_m", "ctx_size": 256, "parallel": 1}
+    engine = LlamaServerEngine({}, GEMMA, params, tmp_path / "t")
+    try:
+        engine.start()
+        with pytest.raises(InfeasibleConfig) as caught:
+            engine.generate("The quick brown fox jumps over the lazy dog. " * 60, 8)
+    finally:
+        engine.stop()
+    need, size = context.overflow(str(caught.value))
+    assert size == 256 and need > 256, str(caught.value)
+    rule = context.limits([(params, str(caught.value))])
+    assert rule == {"ctx_size": need}
+    assert not context.allowed(params, rule) and context.allowed({**params, "ctx_size": need}, rule)
+
+
+@pytest.mark.slow
 def test_a_refused_flag_fails_with_the_servers_own_line(binary: Path, gemma, tmp_path: Path) -> None:
     engine = LlamaServerEngine({}, GEMMA, {"model": "q4_k_m", "parallel": 0}, tmp_path / "t")
     with pytest.raises(RuntimeError, match="invalid value for n_parallel"):

@@ -64,6 +64,18 @@ def test_infeasible_configs_come_back_with_a_reason(tmp_path, gemma_path, params
 
 
 @pytest.mark.slow
+def test_a_context_too_small_names_what_bo_reads_as_a_rule(tmp_path, gemma_path):
+    """The engine's own line for a context too small reads as a rule on n_ctx
+    (autotune.search.context): the real prompt's tokens plus the new ones."""
+    from autotune.search import context
+
+    r = trial(tmp_path, {"n_ctx": 64}, repeats=1)
+    assert r.status == "infeasible", (r.status, r.reason)
+    rule = context.limits([({"model": "q4_k_m", "n_threads": 1, "n_ctx": 64}, r.reason)])
+    assert list(rule) == ["n_ctx"] and 64 + 16 < rule["n_ctx"] <= 100 + 16, r.reason
+
+
+@pytest.mark.slow
 def test_prompt_lookup_keeps_greedy_output(tmp_path, gemma_path):
     r = trial(tmp_path, {"draft": "prompt_lookup", "draft_k": 10}, prompts="code", max_tokens=32)
     assert r.status == "ok", (r.reason, r.log_tail)

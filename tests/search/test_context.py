@@ -29,6 +29,7 @@ SERVER = ("the server rejected the request: HTTP 400: {\"error\":{\"code\":400,\
     ("ValueError: Requested tokens (5000) exceed context window of 2048", (5000, 2048)),  # llama-cpp-python
     ("This model's maximum context length is 8192 tokens. However, you requested 9000 tokens "
      "(8000 in the messages, 1000 in the completion).", (9000, 8192)),  # vLLM
+    ("n_ctx=64 is too small for a 100-token prompt + 16 new tokens", (116, 64)),  # autotune's llamacpp engine
     ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 812.00 MiB on device 0: cudaMalloc failed: "
      "out of memory", None),
     ("", None),
