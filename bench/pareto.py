@@ -71,7 +71,6 @@ METHODS = {"default": "auto", "bo": "bo", "gp": "gp", "tpe": "tpe", "nsga2": "ns
 CHECKPOINTS = (10, 20, 30)
 TARGET = 0.90
 MARGIN = 0.1  # the reference point lies 10% of each objective's feasible range beyond its worst
-RESULTS = ROOT / "bench" / "results" / "pareto"
 
 
 def hypervolume(points: list[tuple[float, float]], ref: tuple[float, float]) -> float:
@@ -322,7 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=100, help="report on 100..119; tune on 0..9")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--jobs", type=int, default=1, help="studies run in parallel (processes)")
-    ap.add_argument("--results", default=str(RESULTS), help="results path without suffix (.txt, .json)")
+    ap.add_argument("--results", default=None,
+                    help="results path without suffix: the table (.txt) and every curve (.json) are written there "
+                         "(default: printed only; bench/results/pareto.txt is a log kept by hand, and --rescore "
+                         "reads the .json files it cites, so a run never writes over them unless named)")
     ap.add_argument("--fast-part", type=float, default=None,
                     help="exploring: the design's share from the fastest-predicted third (default: "
                          "design.FAST_PART of the sampler, 1.0 for gp and tpe)")
@@ -364,7 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows, surfaces, hits)
     tail = f"\n{len(runs)} studies, seeds {seeds.start}-{seeds.stop - 1}, {wall:.0f} s\n$ {cmd}\n"
     print(tail, end="")
-    if not args.smoke:
+    if args.results is None and not args.smoke:
+        print("(nothing written: --results PATH keeps the table and every curve)")
+    if args.results is not None and not args.smoke:
         out = Path(args.results)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.with_suffix(".txt").write_text(text + tail)
