@@ -9,15 +9,10 @@ contexts stay in play.
 
 from __future__ import annotations
 
-import optuna
 import pytest
 
 from autotune.config.schema import load_config
-from autotune.config.validate import compile_space
-from autotune.record import optuna_study as studylib
 from autotune.search import context
-from autotune.search.bo import PoolSampler
-from autotune.search.pool import build_pool
 from autotune.trial.spec import TrialResult
 
 SERVER = ("the server rejected the request: HTTP 400: {\"error\":{\"code\":400,\"message\":\"request (4612 "
@@ -92,22 +87,9 @@ def _run(p: dict, number: int) -> TrialResult:
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_bo_never_proposes_a_context_below_what_an_overflow_needed(seed):
-    cfg = _config()
-    space = compile_space(cfg)
-    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), seed), cfg.constraints,
-                          seed, 3, objectives=studylib.told_names(cfg))
-    study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
+def test_bo_never_proposes_a_context_below_what_an_overflow_needed(seed, bo_run):
     start = [{"quant": "q4", "n_ctx": 16384, "threads": 8}, {"quant": "q6", "n_ctx": 4096, "threads": 4},
              {"quant": "q8", "n_ctx": 32768, "threads": 16}]
-    proposed = []
-    for i in range(14):
-        if i < len(start):
-            study.enqueue_trial(start[i])
-        trial = study.ask()
-        p = space.suggest(trial)
-        if i >= len(start):
-            proposed.append(p)
-        studylib.tell(study, trial, cfg, p, _run(p, trial.number))
+    proposed = [p for p, _ in bo_run(_config(), _run, start, seed)[len(start):]]
     assert all(p["n_ctx"] >= NEED for p in proposed), [p["n_ctx"] for p in proposed]
     assert any(p["n_ctx"] == 8192 for p in proposed)  # the next context up is not judged by the failure

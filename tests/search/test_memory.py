@@ -14,11 +14,7 @@ import optuna
 import pytest
 
 from autotune.config.schema import load_config
-from autotune.config.validate import compile_space
-from autotune.record import optuna_study as studylib
 from autotune.search import memory
-from autotune.search.bo import PoolSampler
-from autotune.search.pool import build_pool
 from autotune.trial.spec import TrialResult
 
 CARD = 24.0
@@ -133,34 +129,20 @@ def _run(p: dict, number: int) -> TrialResult:
     return TrialResult(number, "ok", {"decode_tps": tps, "vram_peak_gb": peak})
 
 
-def _ooms(seed: int) -> int:
-    cfg = _config()
-    space = compile_space(cfg)
-    sampler = PoolSampler(space, lambda: build_pool(space, lambda p: (True, None), seed), cfg.constraints,
-                          seed, 3, objectives=studylib.told_names(cfg))
-    study = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
+def _ooms(seed: int, bo_run) -> int:
     start = [{"quant": "q4", "offload": 48, "threads": 8}, {"quant": "q8", "offload": 8, "threads": 4},
              {"quant": "q5", "offload": 24, "threads": 16}, {"quant": "q6", "offload": 36, "threads": 12}]
-    ooms = 0
-    for i in range(14):
-        if i < len(start):
-            study.enqueue_trial(start[i])
-        trial = study.ask()
-        p = space.suggest(trial)
-        result = _run(p, trial.number)
-        ooms += result.status == "failed"
-        studylib.tell(study, trial, cfg, p, result)
-    return ooms
+    return sum(r.status == "failed" for _, r in bo_run(_config(), _run, start, seed))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_bo_with_the_memory_model_runs_out_of_memory_less(monkeypatch, seed):
+def test_bo_with_the_memory_model_runs_out_of_memory_less(monkeypatch, seed, bo_run):
     """The startup's one out-of-memory launch (q8 at offload 8) and three peaks: with the memory
     model bo's later asks run out of memory less often than with a GP of "does it run" alone."""
     monkeypatch.setattr(memory, "AFTER_OOM", False)  # the model itself, from the first peaks on
     monkeypatch.setattr(memory, "FULL", None)
     monkeypatch.setattr(memory, "MEMORY", False)
-    without = _ooms(seed)
+    without = _ooms(seed, bo_run)
     monkeypatch.setattr(memory, "MEMORY", True)
-    with_model = _ooms(seed)
+    with_model = _ooms(seed, bo_run)
     assert with_model < without, (with_model, without)
