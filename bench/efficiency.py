@@ -73,6 +73,7 @@ import instances  # noqa: E402
 from stats import _median  # noqa: E402
 from stats import _n  # noqa: E402
 from stats import _quartiles  # noqa: E402, F401 (tests use efficiency._quartiles)
+from stats import shift  # noqa: E402
 from stats import side_by_side  # noqa: E402
 from stats import verdicts  # noqa: E402
 from stats import wilson  # noqa: E402
@@ -390,9 +391,13 @@ def paired(runs: list[Run], base: str = "default") -> list[str]:
     surface x set x prior mode x how it ran, against every other method (a METHODS name or a
     variant): :func:`stats.side_by_side` at 95% by trial 20; totals per way it ran (fast, cli:
     the same seeds run both ways are not pooled)."""
-    hits = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r.trials_to(0.95) <= 20 for r in runs
-            if r.curve and (r.method == base or r.method in METHODS or ":" in r.method)}
-    return side_by_side(hits, base, total_by=lambda cell: cell[3])
+    kept = [r for r in runs if r.curve and (r.method == base or r.method in METHODS or ":" in r.method)]
+    hits = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r.trials_to(0.95) <= 20 for r in kept}
+    lines = side_by_side(hits, base, total_by=lambda cell: cell[3])
+    best = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r.at(20) for r in kept}
+    area = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): sum(map(r.at, range(1, 21))) / 20 for r in kept}
+    return [*lines, *shift(best, "share of the optimum at trial 20", base, lambda cell: cell[2]),
+            *shift(area, "mean share over trials 1-20", base, lambda cell: cell[2])]
 
 
 def table(rows: list[dict], truths: dict[str, Truth], runs: list[Run] = ()) -> str:
@@ -463,6 +468,14 @@ def load_runs(path: Path) -> list[Run]:
     return [Run(**{**r, "curve": tuple(r["curve"]), "found": tuple(r.get("found") or ())}) for r in items]
 
 
+def family_text(rows: list[dict], runs: list[Run]) -> str:
+    """The family instances' table, then the methods side by side on the same instances."""
+    lines = paired(runs)
+    return instances.family_table(rows, {}) + (
+        "\nside by side on the same instances (won/lost: reached 95% by trial 20 and the other did not):\n"
+        + "\n".join(lines) + "\n" if lines else "")
+
+
 def merge(files: list[Path], results: Path | None, cmd: str) -> int:
     """Re-aggregate the runs of earlier results files (later files win on the same study)."""
     runs: dict[tuple, Run] = {}
@@ -472,7 +485,7 @@ def merge(files: list[Path], results: Path | None, cmd: str) -> int:
     tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs.values())} launched trials\n$ {cmd}\n"
     if all(instances.split_of(r.seed) for r in runs.values()):  # family instances: their own table
         rows = instances.family_rows(sorted(runs.values(), key=lambda r: (FAMILIES.index(r.surface), r.mode)))
-        text = instances.family_table(rows, {})
+        text = family_text(rows, list(runs.values()))
         print(text + tail, end="")
         write_results(results, text + tail, rows, list(runs.values()), 0.0, cmd)
         return 0
@@ -621,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run)
     wall = time.monotonic() - t0
     rows = group(runs, truths)
-    text = instances.family_table(instances.family_rows(runs), {}) if fams else table(rows, truths, runs)
+    text = family_text(instances.family_rows(runs), runs) if fams else table(rows, truths, runs)
     if fams:
         print(text)
     tail = f"\n{len(runs)} studies, {sum(len(r.curve) for r in runs)} launched trials in {wall:.0f} s\n$ {cmd}\n"

@@ -127,7 +127,13 @@ def test_paired_lines_count_the_seeds_where_one_method_reached_95_and_the_other_
     lines = efficiency.paired(runs)
     assert lines[0].split() == ["cpu_7b", "report", "none", "fast", "vs", "tpe", "2/1"]
     assert lines[1].startswith("all fast: default vs tpe: won 2, lost 1 of 5 paired studies (sign test p = 1")
-    assert len(lines) == 2
+    # the paired shift of the share at trial 20 (tpe - default: -0.17, -0.17, -0.01, +0.06, -0.10),
+    # per prior mode and over all, then of the mean share over trials 1-20
+    assert lines[2].startswith("none       tpe - default, share of the optimum at trial 20: mean -0.078 [")
+    assert "higher in 1 / lower in 4 of 5 (Wilcoxon p = " in lines[2]
+    assert lines[3].startswith("all        tpe - default, share of the optimum at trial 20: mean -0.078")
+    assert lines[4].startswith("none       tpe - default, mean share over trials 1-20: mean -0.004 [")
+    assert len(lines) == 6
     truths = {"cpu_7b": load("cpu_7b")}
     text = efficiency.table(efficiency.group(runs, truths), truths, runs)
     assert "side by side on the same seeds" in text
