@@ -120,7 +120,7 @@ class CommandEngine(Engine):
         knobs = settings.get("knobs") or {}
         if not isinstance(knobs, dict):
             return {}
-        return {n: Knob.parse(n, s, f"engine.settings.knobs.{n}") for n, s in knobs.items()}
+        return dict(_parsed_knobs(repr(knobs), knobs))
 
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
@@ -338,3 +338,17 @@ def parse_metrics(stdout: str) -> dict | None:
 
 def _tail(path: Path) -> str:
     return tail(path, sep=" | ")[-TAIL_CHARS:]
+
+
+_PARSED: dict[str, tuple[tuple[str, Knob], ...]] = {}
+
+
+def _parsed_knobs(key: str, knobs: dict) -> tuple[tuple[str, Knob], ...]:
+    """The declared knobs parsed once per declaration (``key``: its repr): the engine's check runs
+    for every configuration of a pool (tens of thousands), and parsing them each time was a
+    quarter of a simulated study's time (bench/surfaces/fast.py, profiled)."""
+    if key not in _PARSED:
+        if len(_PARSED) > 64:
+            _PARSED.clear()
+        _PARSED[key] = tuple((n, Knob.parse(n, s, f"engine.settings.knobs.{n}")) for n, s in knobs.items())
+    return _PARSED[key]

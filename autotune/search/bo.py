@@ -217,9 +217,12 @@ class PoolSampler(optuna.samplers.BaseSampler):
     def _free(self, keys: dict[int, str]) -> np.ndarray:
         """Pool rows of the configurations no trial has proposed yet and no context overflow
         seen rules out (:mod:`autotune.search.context`)."""
-        told, params, need = set(keys.values()), self.pool.params, self._need
-        return np.array([i for i, k in enumerate(self.pool.keys)
-                         if k not in told and (not need or context.allowed(params[i], need))], dtype=int)
+        pool = self.pool
+        free = np.ones(len(pool.keys), dtype=bool)
+        free[[pool.index[k] for k in set(keys.values()) if k in pool.index]] = False
+        for knob, n in self._need.items():
+            free &= ~context.ruled_out(pool.numbers(knob), n)
+        return np.flatnonzero(free)
 
     def choose(self, study: optuna.Study) -> dict[str, Any] | None:
         """The free pool configuration with the highest acquisition (None: none is left)."""

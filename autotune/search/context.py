@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
+
 CONTEXT = True
 _NEED_FIRST = (
     re.compile(r"request \((\d+) tokens\) exceeds the available context size \((\d+) tokens\)", re.I),
@@ -87,3 +89,10 @@ def allowed(params: dict[str, Any], need: dict[str, int]) -> bool:
     """Whether a configuration's context knobs hold what :func:`limits` found needed (a context
     of 0 or unset means the model's own and is never ruled out)."""
     return not any(_is_number(v := params.get(k)) and 0 < v < n for k, n in need.items())
+
+
+def ruled_out(values: np.ndarray, need: int) -> np.ndarray:
+    """:func:`allowed`'s test on one knob's values (:meth:`autotune.search.pool.Pool.numbers`,
+    NaN where inactive), vectorised: True where the context is set and below the need."""
+    with np.errstate(invalid="ignore"):
+        return (values > 0) & (values < need)

@@ -54,6 +54,18 @@ class Pool:
 
     def __post_init__(self) -> None:
         self.index = {k: i for i, k in enumerate(self.keys)}
+        self._numbers: dict[str, np.ndarray] = {}
+
+    def numbers(self, name: str) -> np.ndarray:
+        """Knob ``name``'s value per row as a float (NaN where it is inactive or not a number),
+        kept and extended as the pool grows: a per-ask filter over every row costs one numpy
+        comparison instead of a Python call per configuration."""
+        have = self._numbers.get(name, np.zeros(0))
+        if len(have) < len(self.params):
+            tail = [v if isinstance(v := c.get(name), (int, float)) and not isinstance(v, bool) else np.nan
+                    for c in self.params[len(have):]]
+            self._numbers[name] = have = np.concatenate([have, np.array(tail, dtype=float)])
+        return have
 
     def grow(self, configs: list[dict[str, Any]], measured: bool = False) -> int:
         """Add those of ``configs`` that are new, break no rule and pass the screen (with a

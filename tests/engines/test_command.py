@@ -281,3 +281,15 @@ def test_model_variants_give_model_path():
     assert argv == ["x", "--model", "/m/q8.gguf", "--name", "q8"]
     with pytest.raises(ConfigError, match="unknown placeholder"):
         CommandEngine.validate_settings(s, {}, "engine")  # no variants: no {model_path}
+
+
+def test_declared_knobs_are_parsed_once_per_declaration_and_a_changed_one_is_read_again():
+    """The engine's check runs for every configuration of bo's pool: the knobs are parsed once per
+    declaration (keyed on its content, so an edited declaration is never served stale)."""
+    settings = {"knobs": {"a": {"type": "int", "low": 0, "high": 3}}}
+    first = CommandEngine.knobs_for(settings)
+    assert CommandEngine.knobs_for(settings)["a"] is first["a"]  # the same parse, not a new one
+    assert CommandEngine.check({"a": 5}, settings) == ["a=5 is not " + first["a"].allowed()]
+    settings["knobs"]["a"]["high"] = 9  # edited in place: a new declaration
+    assert CommandEngine.knobs_for(settings)["a"].high == 9
+    assert CommandEngine.check({"a": 5}, settings) == []

@@ -9,6 +9,7 @@ contexts stay in play.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from autotune.config.schema import load_config
@@ -93,3 +94,18 @@ def test_bo_never_proposes_a_context_below_what_an_overflow_needed(seed, bo_run)
     proposed = [p for p, _ in bo_run(_config(), _run, start, seed)[len(start):]]
     assert all(p["n_ctx"] >= NEED for p in proposed), [p["n_ctx"] for p in proposed]
     assert any(p["n_ctx"] == 8192 for p in proposed)  # the next context up is not judged by the failure
+
+
+def test_the_vectorised_rule_over_a_pool_agrees_with_the_rule_per_configuration():
+    """bo filters every pool row at each ask (PoolSampler._free) on a cached column of the knob's
+    values: the same rows as :func:`context.allowed` one configuration at a time, as the pool grows."""
+    from autotune.search.pool import Pool
+
+    configs = [{"n_ctx": 4096, "t": 1}, {"n_ctx": 8192, "t": 1}, {"t": 2}, {"n_ctx": 0, "t": 3},
+               {"n_ctx": True, "t": 4}, {"n_ctx": "4096", "t": 5}, {"n_ctx": 4700, "t": 6}]
+    pool = Pool(configs[:4], [str(i) for i in range(4)], np.zeros((4, 1)), None)
+    need = {"n_ctx": 4700}
+    assert context.ruled_out(pool.numbers("n_ctx"), 4700).tolist() == [True, False, False, False]
+    pool.params += configs[4:]  # grown: the column is extended, not recomputed from a stale copy
+    got = context.ruled_out(pool.numbers("n_ctx"), 4700).tolist()
+    assert got == [not context.allowed(c, need) for c in configs] == [True, False, False, False, False, False, False]
