@@ -391,12 +391,13 @@ def paired(runs: list[Run], base: str = "default") -> list[str]:
     surface x set x prior mode x how it ran, against every other method (a METHODS name or a
     variant): :func:`stats.side_by_side` at 95% by trial 20; totals per way it ran (fast, cli:
     the same seeds run both ways are not pooled)."""
-    kept = [r for r in runs if r.curve and (r.method == base or r.method in METHODS or ":" in r.method)]
-    hits = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r.trials_to(0.95) <= 20 for r in kept}
-    lines = side_by_side(hits, base, total_by=lambda cell: cell[3])
-    best = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r.at(20) for r in kept}
-    area = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): sum(map(r.at, range(1, 21))) / 20 for r in kept}
-    return [*lines, *shift(best, "share of the optimum at trial 20", base, lambda cell: cell[2]),
+    kept = {((r.surface, r.set, r.mode, r.via), r.method, r.seed): r for r in runs
+            if r.curve and (r.method == base or r.method in METHODS or ":" in r.method)}
+    hits = {k: r.trials_to(0.95) <= 20 for k, r in kept.items()}
+    best = {k: r.at(20) for k, r in kept.items()}
+    area = {k: sum(map(r.at, range(1, 21))) / 20 for k, r in kept.items()}
+    return [*side_by_side(hits, base, total_by=lambda cell: cell[3]),
+            *shift(best, "share of the optimum at trial 20", base, lambda cell: cell[2]),
             *shift(area, "mean share over trials 1-20", base, lambda cell: cell[2])]
 
 
