@@ -118,6 +118,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "norefine": {"bo": {"REFINE": 0}},  # a sampled pool does not grow near the best measured
     "refine1": {"bo": {"REFINE": 1}},
     "refine4": {"bo": {"REFINE": 4}},
+    "noexpect": {"bo": {"EXPECT": False}},  # session 27: the constraint GPs without the prior's expected values
     "nocover": {"design": {"COVER": False}},  # issue 41: the design without the level coverage
     "cover4": {"design": {"COVER_MAX": 4}},
     "coverspread": {"design": {"COVER_NEAR": False}},  # covering points spread (maximin), not near trial 0
@@ -555,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--families", default="", help="issue 41: families (or 'all') run on instances")
     ap.add_argument("--split", default="tune", choices=list(instances.SPLITS),
                     help="--families: tune (instance seeds 1000-) or report (5000-, held out)")
+    ap.add_argument("--skip", type=int, default=0,
+                    help="--families: start after the split's first SKIP instances (fresh ones)")
     args = ap.parse_args(argv)
     given = argv if argv is not None else sys.argv[1:]
     cmd = "python bench/efficiency.py " + " ".join(given)
@@ -591,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         if m not in MODES:
             ap.error(f"--modes: unknown {m!r}; choose from {', '.join(MODES)}")
     if fams:
-        surfaces, args.first_seed = fams, instances.SPLITS[args.split][0]  # --seeds: instances a family
+        surfaces, args.first_seed = fams, instances.SPLITS[args.split][0] + args.skip  # --seeds: instances a family
     truths = {s: load(s, launchable=not fams) for s in surfaces}
     variants = [v for v in args.variant.split(",") if v] or [""]
     for v in variants:

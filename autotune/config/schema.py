@@ -322,6 +322,7 @@ def load_config(data: dict) -> Config:
         raise ConfigError("constraints", constraints_raw, "expected a list like ['ttft_p95_ms <= 200']")
     constraints = [parse_constraint(c, f"constraints[{i}]") for i, c in enumerate(constraints_raw)]
     _check_satisfiable(constraints, constraints_raw)
+    _check_expected(sections["engine"].settings, constraints)
     from autotune.objectives import get_metric
 
     get_metric(sel.metric, "select.metric")
@@ -337,6 +338,18 @@ def load_config(data: dict) -> Config:
     return Config(
         objectives=objectives, constraints=constraints, space=space, rules=rules, raw=data, **sections
     )
+
+
+def _check_expected(settings: Any, constraints: list[Constraint]) -> None:
+    """``engine.settings.predict.expect`` names constrained metrics: an expectation of anything
+    else (a typo, an objective) would be read by nothing."""
+    predict = settings.get("predict") if isinstance(settings, dict) else None
+    expect = predict.get("expect") if isinstance(predict, dict) else None
+    constrained = sorted({c.metric for c in constraints})
+    for metric in expect if isinstance(expect, dict) else ():
+        if metric not in constrained:
+            raise ConfigError(f"engine.settings.predict.expect.{metric}", metric,
+                              f"a constrained metric ({', '.join(constrained) or 'the study has no constraints'})")
 
 
 def _check_pointers(data: dict, sections: dict, rules: list) -> list:

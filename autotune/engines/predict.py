@@ -45,7 +45,7 @@ from autotune.errors import unknown_name
 from autotune.hardware import list_gpus
 
 GIB = float(1 << 30)
-PREDICT_KEYS = ("let", "need_gb", "have_gb", "decode_tps_upper")
+PREDICT_KEYS = ("let", "need_gb", "have_gb", "decode_tps_upper", "expect")
 GPU_OVERHEAD_GB = 0.5  # CUDA context + allocator slack per GPU
 GPU_BANDWIDTH_GBPS = {  # spec-sheet memory bandwidth (GB/s, 1e9), longest name matched first
     "RTX 5090": 1792, "RTX 4090": 1008, "RTX 4080": 717, "RTX 4070 Ti": 504, "RTX 4070": 504,
@@ -72,6 +72,8 @@ class Prediction:
     have_gb: tuple[float, ...] = ()
     decode_tps_upper: float | None = None
     reads: tuple[DeviceRead, ...] = ()  # bytes a decoded token reads per device (roofline.py)
+    expect: tuple[tuple[str, float], ...] = ()  # (metric, expected value): a constraint's prior
+
 
     def stored(self) -> dict[str, Any] | None:
         """What a launched trial keeps of it (its ``prediction`` user attribute, read back by
@@ -264,6 +266,9 @@ def validate_command_predict(spec: Any, known: list[str], path: str) -> None:
             raise unknown_name(f"{path}.{key}", key, PREDICT_KEYS, "key")
         if key == "let":
             continue
+        if key == "expect":
+            _validate_expect(value, known, f"{path}.expect")
+            continue
         items = value if isinstance(value, list) else [value]
         for i, item in enumerate(items):
             sub = f"{path}.{key}" + (f"[{i}]" if isinstance(value, list) else "")
@@ -272,6 +277,17 @@ def validate_command_predict(spec: Any, known: list[str], path: str) -> None:
     if ("need_gb" in spec) != ("have_gb" in spec):
         raise ConfigError(path, spec, "need_gb and have_gb go together (one number or expression "
                           "per device)")
+
+
+def _validate_expect(spec: Any, known: list[str], path: str) -> None:
+    if not isinstance(spec, dict) or not spec:
+        raise ConfigError(path, spec, "expected a mapping METRIC: EXPR (what the user expects a "
+                          "constrained metric to read, e.g. ppl_delta_pct)")
+    for metric, text in spec.items():
+        if not str(metric).isidentifier():
+            raise ConfigError(f"{path}.{metric}", metric, "a metric name")
+        if not isinstance(text, (int, float)) or isinstance(text, bool):
+            compile_expr(text, known, f"{path}.{metric}")
 
 
 @functools.lru_cache(maxsize=512)
@@ -307,8 +323,10 @@ def predict_command(params: dict, settings: dict, variants: dict | None = None) 
         upper = None
         if "decode_tps_upper" in spec:
             upper = _values(spec["decode_tps_upper"], env, known, "engine.settings.predict.decode_tps_upper")[0]
+        expect = tuple((str(m), _values(text, env, known, f"engine.settings.predict.expect.{m}")[0])
+                       for m, text in (spec.get("expect") or {}).items())
         if "need_gb" not in spec:
-            return Prediction(decode_tps_upper=upper)
+            return Prediction(decode_tps_upper=upper, expect=expect)
         need = _values(spec["need_gb"], env, known, "engine.settings.predict.need_gb")
         have = _values(spec["have_gb"], env, known, "engine.settings.predict.have_gb")
     except (TypeError, ValueError, ZeroDivisionError, IndexError, KeyError) as e:
@@ -316,7 +334,7 @@ def predict_command(params: dict, settings: dict, variants: dict | None = None) 
     if len(have) == 1 and len(need) > 1:
         have = have * len(need)
     labels = [f"GPU {i}" for i in range(len(need))] if len(need) > 1 else ["the device"]
-    return verdict(need, have, labels, upper)
+    return dataclasses.replace(verdict(need, have, labels, upper), expect=expect)
 
 
 # ---- fake engine -------------------------------------------------------------------------

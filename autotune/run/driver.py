@@ -147,7 +147,8 @@ class Driver:
         with self.report.slow_step("building the pool of launchable configurations (rules, "
                                    "engine check and fit prediction of each)"):
             return build_pool(self.space, self._screen, self.cfg.study.seed,
-                              ordered=uses_order(self.cfg.study.search))
+                              ordered=uses_order(self.cfg.study.search),
+                              expect=lambda params: dict(self.predict(params).expect))
 
     @functools.cached_property
     def speed_prior(self) -> bool:

@@ -51,10 +51,29 @@ class Pool:
     tried: set[str] = field(default_factory=set)  # keys offered to grow(), kept or not
     max_size: int = MAX_SIZE  # grow() adds no neighbours past this many rows
     ordered: bool = True  # choices declared ``ordered`` are one position (False: one-hot, as any choice)
+    expect: Callable[[dict[str, Any]], dict[str, float]] | None = None  # a configuration's expected metrics
 
     def __post_init__(self) -> None:
         self.index = {k: i for i, k in enumerate(self.keys)}
         self._numbers: dict[str, np.ndarray] = {}
+        self._expected: dict[str, np.ndarray | None] = {}
+
+    def expected(self, metric: str) -> np.ndarray | None:
+        """What the engine's prediction expects ``metric`` to read per row (its ``expect``), kept
+        and extended as the pool grows; None when the prediction of the first row expects nothing
+        of it (then no row is asked again)."""
+        if self.expect is None or not self.params:
+            return None
+        have = self._expected.get(metric, np.zeros(0))
+        if have is not None and not len(have):
+            first = self.expect(self.params[0])
+            have = self._expected[metric] = np.array([first[metric]], dtype=float) if metric in first else None
+        if have is None:
+            return None
+        if len(have) < len(self.params):
+            tail = [self.expect(c).get(metric, np.nan) for c in self.params[len(have):]]
+            self._expected[metric] = have = np.concatenate([have, np.array(tail, dtype=float)])
+        return have
 
     def numbers(self, name: str) -> np.ndarray:
         """Knob ``name``'s value per row as a float (NaN where it is inactive or not a number),
@@ -131,10 +150,12 @@ def featurize(space: Space, configs: list[dict[str, Any]], ordered: bool = True)
 
 
 def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, float | None]],
-               seed: int | None = None, limit: int = POOL_LIMIT, ordered: bool = True) -> Pool:
+               seed: int | None = None, limit: int = POOL_LIMIT, ordered: bool = True,
+               expect: Callable[[dict[str, Any]], dict[str, float]] | None = None) -> Pool:
     """Every launchable configuration: no rule broken, the engine's check passed and
     ``screen(params)`` -> (may run, predicted decode bound or None) saying it may run.
-    ``ordered``: see :func:`featurize` (a Pareto search passes False)."""
+    ``ordered``: see :func:`featurize` (a Pareto search passes False); ``expect(params)``: the
+    metrics the engine's prediction expects (:meth:`Pool.expected`)."""
     seen: set[str] = set()
     params, bounds = [], []
     for c in space.configurations(limit=limit, seed=seed or 0):
@@ -152,4 +173,4 @@ def build_pool(space: Space, screen: Callable[[dict[str, Any]], tuple[bool, floa
     sampled = space.size() > limit  # a sample of the space: it grows near the best measured
     return Pool(params, [config_key(c) for c in params], featurize(space, params, ordered),
                 np.log(np.array(bounds, dtype=float)) if known else None,
-                space if sampled else None, screen if sampled else None, ordered=ordered)
+                space if sampled else None, screen if sampled else None, ordered=ordered, expect=expect)

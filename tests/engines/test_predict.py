@@ -174,6 +174,20 @@ def test_command_predict_is_checked_at_load():
         validate_command_predict({"decode_tps_upper": "__import__('os')"}, ["k"], "engine.settings.predict")
 
 
+def test_command_expect_evaluates_per_configuration_and_is_checked_at_load():
+    """``predict.expect``: what the user expects a constrained metric to read (issue 41)."""
+    spec = {**COMMAND, "predict": {**COMMAND["predict"], "expect": {"ppl_delta_pct": "2.8 if mode == 'a' else 0.3"}}}
+    assert CommandEngine.predict({"k": 4}, spec, {}).expect == (("ppl_delta_pct", 2.8),)
+    assert CommandEngine.predict({"k": 8, "mode": "b"}, spec, {}).expect == (("ppl_delta_pct", 0.3),)
+    alone = {**COMMAND, "predict": {"expect": {"ppl_delta_pct": 1}}}  # no memory, no bound: still read
+    assert CommandEngine.predict({}, alone, {}) == Prediction(expect=(("ppl_delta_pct", 1.0),))
+    validate_command_predict(spec["predict"], ["k", "mode"], "engine.settings.predict")
+    with pytest.raises(ConfigError, match=r"engine.settings.predict.expect.ppl_delta_pct.*quant"):
+        validate_command_predict({"expect": {"ppl_delta_pct": "quant"}}, ["k"], "engine.settings.predict")
+    with pytest.raises(ConfigError, match="expected a mapping METRIC: EXPR"):
+        validate_command_predict({"expect": "2.8"}, ["k"], "engine.settings.predict")
+
+
 def test_compare_reports_the_error():
     pred = Prediction(True, "", (2.0,), (24.0,), 100.0)
     out = compare(pred, {"peak_rss_mb": 2048.0 * 1.25, "decode_tps": 80.0})

@@ -7,15 +7,20 @@ not use what it measured fails these tests.
 
 from __future__ import annotations
 
+import io
 import math
 
 import numpy as np
 import optuna
 import pytest
+from rich.console import Console
 
 from autotune.config.schema import load_config
 from autotune.config.validate import compile_space
+from autotune.output.report import Reporter
 from autotune.record import optuna_study as studylib
+from autotune.run.driver import Driver
+from autotune.search import bo as bolib
 from autotune.search.batch import length_scale
 from autotune.search.bo import _GP
 from autotune.search.bo import LENGTH_SCALE_MIN
@@ -23,6 +28,7 @@ from autotune.search.bo import PoolSampler
 from autotune.search.design import config_key
 from autotune.search.design import has_speed_prior
 from autotune.search.design import ranks_by_speed
+from autotune.search.design import trial_keys
 from autotune.search.pool import build_pool
 from autotune.search.pool import featurize
 from autotune.search.subsample import candidate_rows
@@ -267,3 +273,64 @@ def test_a_few_zigzag_measurements_do_not_shrink_the_length_scales_below_the_flo
     scales = length_scale(gp.fitted.kernel_, 2)
     assert scales.min() >= LENGTH_SCALE_MIN - 1e-9
     assert scales[0] < 0.5  # the zigzag knob's scale sits at (or near) the floor, not far above
+
+
+# speed, true perplexity delta: 0.8 times llama.cpp's table on Llama-3-8B (Q4_K_M 2.81, Q5_K_M
+# 0.91, Q6_K 0.35, Q8_0 0.04 %), the convex curve an ordered scale interpolates wrongly.
+QUANTS = {"q4": (40.0, 2.25), "q5": (34.0, 0.73), "q6": (29.0, 0.28), "q8": (22.0, 0.03)}
+TABLE = "2.81 if q == 'q4' else 0.91 if q == 'q5' else 0.35 if q == 'q6' else 0.04"
+
+
+@pytest.mark.parametrize(("expect", "on"), [(True, True), (True, False), (False, True)])
+def test_the_users_quality_table_is_the_constraint_gps_prior(expect, on, monkeypatch):
+    """``predict.expect`` (issue 41): measured q4, q6 and q8, bo tells whether the untried q5 meets
+    ``ppl_delta_pct <= 1``. Its value lies on a convex curve: interpolated on the quant's ordered
+    position between q4 (2.25) and q6 (0.28) it reads as over the bound; the table, trusted as far
+    as the measurements follow it (0.8 of it here), says it holds. Through the driver's pool, which
+    reads each configuration's expected value from the engine's prediction."""
+    monkeypatch.setattr(bolib, "EXPECT", on)
+    settings = {"argv": ["x", "{q}", "{a}"], "defaults": {"q": "q8", "a": 0},
+                "knobs": {"q": {"type": "str", "choices": list(QUANTS)}, "a": {"type": "int", "low": 0, "high": 3}}}
+    if expect:
+        settings["predict"] = {"expect": {"ppl_delta_pct": TABLE}}
+    cfg = load_config({"engine": {"kind": "command", "settings": settings},
+                       "space": {"q": {"type": "categorical", "choices": list(QUANTS), "ordered": True},
+                                 "a": {"type": "int", "low": 0, "high": 3}},
+                       "objectives": ["decode_tps"], "constraints": ["ppl_delta_pct <= 1.0"],
+                       "quality": {"enabled": False}})
+    space = compile_space(cfg)
+    driver = Driver(cfg, space, None, None, Reporter(cfg, Console(file=io.StringIO())))
+    sampler = PoolSampler(space, driver.pool, cfg.constraints, 0, 3, objectives=studylib.told_names(cfg))
+    study = _study(cfg, sampler)
+    for start in [{"q": "q4", "a": 0}, {"q": "q6", "a": 3}, {"q": "q8", "a": 1}, {"q": "q4", "a": 2}]:
+        study.enqueue_trial(start)
+        _step(study, cfg, space, lambda p: {"decode_tps": QUANTS[p["q"]][0] + p["a"], "ppl_delta_pct": QUANTS[p["q"]][1]})
+    pool, trials = sampler.pool, study.get_trials()
+    assert (pool.expected("ppl_delta_pct") is not None) == expect
+    row = {n: pool.index[k] for n, k in trial_keys(trials).items()}
+    q5 = np.array([i for i, p in enumerate(pool.params) if p["q"] == "q5"])
+    p_ok = np.exp(sampler._log_p_feasible(trials, trials, row, pool.X[:0], q5, 0))
+    assert (p_ok > 0.9).all() if expect and on else (p_ok < 0.5).all(), p_ok
+
+
+def test_pool_expected_values_follow_the_pool_as_it_grows():
+    """:meth:`Pool.expected` asks the engine's expectation once per row, lazily, and extends it
+    as a sampled pool grows; a metric the first row's prediction does not expect is never asked
+    of the others."""
+    cfg = _config()
+    space = compile_space(cfg)
+    asked = []
+
+    def expect(p):
+        asked.append(p)
+        return {"ttft_p95_ms": 20.0 + 10.0 * p["a"]}
+
+    pool = build_pool(space, lambda p: (True, None), 0, limit=10, expect=expect)  # a sample: it grows
+    assert pool.space is not None and pool.expected("decode_tps") is None and len(asked) == 1
+    got = pool.expected("ttft_p95_ms")
+    assert list(got) == [20.0 + 10.0 * p["a"] for p in pool.params] and len(asked) == 1 + len(pool.params)
+    new = [c for c in space.configurations(limit=200, seed=1)
+           if config_key(c) not in pool.index and not space.violations(c)][:5]
+    assert pool.grow(new) == len(new)
+    assert list(pool.expected("ttft_p95_ms")) == [20.0 + 10.0 * p["a"] for p in pool.params]
+    assert pool.expected("decode_tps") is None and len(asked) == 1 + len(pool.params)
