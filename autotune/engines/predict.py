@@ -74,7 +74,6 @@ class Prediction:
     reads: tuple[DeviceRead, ...] = ()  # bytes a decoded token reads per device (roofline.py)
     expect: tuple[tuple[str, float], ...] = ()  # (metric, expected value): a constraint's prior
 
-
     def stored(self) -> dict[str, Any] | None:
         """What a launched trial keeps of it (its ``prediction`` user attribute, read back by
         the summary, the report and the roofline); None when nothing is known."""

@@ -70,21 +70,23 @@ class Pool:
             have = self._expected[metric] = np.array([first[metric]], dtype=float) if metric in first else None
         if have is None:
             return None
-        if len(have) < len(self.params):
-            tail = [self.expect(c).get(metric, np.nan) for c in self.params[len(have):]]
-            self._expected[metric] = have = np.concatenate([have, np.array(tail, dtype=float)])
+        expect = self.expect
+        self._expected[metric] = have = self._extended(have, lambda c: expect(c).get(metric, np.nan))
         return have
 
     def numbers(self, name: str) -> np.ndarray:
         """Knob ``name``'s value per row as a float (NaN where it is inactive or not a number),
         kept and extended as the pool grows: a per-ask filter over every row costs one numpy
         comparison instead of a Python call per configuration."""
-        have = self._numbers.get(name, np.zeros(0))
-        if len(have) < len(self.params):
-            tail = [v if isinstance(v := c.get(name), (int, float)) and not isinstance(v, bool) else np.nan
-                    for c in self.params[len(have):]]
-            self._numbers[name] = have = np.concatenate([have, np.array(tail, dtype=float)])
+        self._numbers[name] = have = self._extended(self._numbers.get(name, np.zeros(0)), lambda c: (
+            v if isinstance(v := c.get(name), (int, float)) and not isinstance(v, bool) else np.nan))
         return have
+
+    def _extended(self, have: np.ndarray, value_of: Callable[[dict[str, Any]], float]) -> np.ndarray:
+        """A per-row column ``have`` extended by ``value_of`` the rows added since it was made."""
+        if len(have) == len(self.params):
+            return have
+        return np.concatenate([have, np.array([value_of(c) for c in self.params[len(have):]], dtype=float)])
 
     def grow(self, configs: list[dict[str, Any]], measured: bool = False) -> int:
         """Add those of ``configs`` that are new, break no rule and pass the screen (with a
