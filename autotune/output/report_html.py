@@ -223,7 +223,9 @@ def verdict_html(summary: StudySummary | None, constraints: list[str], metric: s
                           if summary.lead_within_noise else "outside noise")
                        + " (bootstrap 95% CI of the difference of medians).</p>")
     if summary.remeasured:
-        remeasured = summary.remeasured_rows()
+        better = 1.0 if get_metric(summary.remeasured_metric).higher_is_better else -1.0
+        # best median first (the statistic the verdict ranks by), the dropped ones last
+        remeasured = sorted(summary.remeasured_rows(), key=lambda r: (bool(r.dropped), -better * r.median))
         why = any(r.dropped for r in remeasured)  # a column only when a candidate was dropped
         rows = "".join(f"<tr><td>#{r.trial}</td><td>{_cell(r.median)}</td><td>{_cell(r.ci95[0])} - {_cell(r.ci95[1])}"
                        f"</td><td>{r.n}</td>" + (f"<td class='warn'>{_cell(r.dropped)}</td>" if why else "") + "</tr>"
