@@ -180,7 +180,8 @@ def study(name: str, method: str, seed: int, trials: int, fast_part: float | Non
         return pred.fits is not False, pred.decode_tps_upper
 
     sampler = make_sampler(st.sampler, seed, space, trials, n_startup, st.search,
-                           pool=lambda: build_pool(space, screen, seed, ordered=uses_order(st.search)),
+                           pool=lambda: build_pool(space, screen, seed, ordered=uses_order(st.search),
+                                                     expect=lambda p: dict(predict(p).expect)),
                            constraints=cfg.constraints,
                            objectives=studylib.told_names(cfg))
     s = optuna.create_study(directions=studylib.directions(cfg), sampler=sampler)
