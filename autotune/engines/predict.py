@@ -77,11 +77,12 @@ class Prediction:
     def stored(self) -> dict[str, Any] | None:
         """What a launched trial keeps of it (its ``prediction`` user attribute, read back by
         the summary, the report and the roofline); None when nothing is known."""
-        reads = [r.to_dict() for r in self.reads]
-        if not (self.need_gb or reads or self.decode_tps_upper is not None):
+        reads, expect = [r.to_dict() for r in self.reads], dict(self.expect)
+        if not (self.need_gb or reads or self.decode_tps_upper is not None or expect):
             return None
-        return {"need_gb": list(self.need_gb), "have_gb": list(self.have_gb),
-                "decode_tps_upper": self.decode_tps_upper, "reads": reads}
+        out = {"need_gb": list(self.need_gb), "have_gb": list(self.have_gb),
+               "decode_tps_upper": self.decode_tps_upper, "reads": reads}
+        return {**out, "expect": expect} if expect else out
 
     @classmethod
     def from_stored(cls, data: dict[str, Any] | None) -> Prediction | None:
@@ -91,7 +92,8 @@ class Prediction:
             return None
         return cls(need_gb=tuple(data.get("need_gb") or ()), have_gb=tuple(data.get("have_gb") or ()),
                    decode_tps_upper=data.get("decode_tps_upper"),
-                   reads=tuple(DeviceRead.from_dict(r) for r in data.get("reads") or ()))
+                   reads=tuple(DeviceRead.from_dict(r) for r in data.get("reads") or ()),
+                   expect=tuple((data.get("expect") or {}).items()))
 
 
 def verdict(need: list[float], have: list[float], labels: list[str] | None = None,

@@ -228,10 +228,14 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
     if s.stop_reason:
         console.print(f"[yellow]warning:[/yellow] {s.stop_reason}")
     p = s.prediction
-    if p:
+    if p and (p.n_memory or p.n_speed):
         console.print(f"prediction vs measured: memory error median {_fmt(p.memory_error_pct_median)}% "
                       f"(n={p.n_memory}); decode {_fmt(p.speed_ratio_median)}x of the predicted "
                       f"upper bound (n={p.n_speed}, {p.speed_over_bound} above it)")
+    if p:
+        for metric, off in (p.expect_off_median or {}).items():
+            console.print(f"expected vs measured (predict.expect): {metric} measured {off:+g} from what "
+                          f"was expected, median over {p.n_expect} trials")
     base, win = s.baseline, s.winner
     if win is None:
         console.print("[red]No feasible configuration found.[/red] " + (s.note or ""))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import statistics
 from dataclasses import dataclass
 from dataclasses import field
@@ -154,18 +155,23 @@ class PredictionError:
     n_speed: int = 0
     speed_ratio_median: float | None = None  # measured decode_tps / predicted upper bound
     speed_over_bound: int = 0  # trials faster than their predicted upper bound (+5%)
+    n_expect: int = 0  # trials with a measured metric the prediction expected (predict.expect)
+    expect_off_median: dict[str, float] | None = None  # per metric: median of measured - expected
 
 
 def prediction_error(rows: list[tuple[Prediction, dict[str, float]]]) -> PredictionError | None:
     """``rows``: (the trial's pre-launch prediction, its measured metrics) per trial."""
-    mem, ratio = [], []
+    mem, ratio, off = [], [], {}
     for pred, metrics in rows:
         c = compare(pred, metrics)
         if "mem_pred_error_pct" in c:
             mem.append(abs(c["mem_pred_error_pct"]))
         if "decode_bound_ratio" in c:
             ratio.append(c["decode_bound_ratio"])
-    if not mem and not ratio:
+        for metric, expected in pred.expect:
+            if math.isfinite(measured := metrics.get(metric, math.nan)):
+                off.setdefault(metric, []).append(measured - expected)
+    if not mem and not ratio and not off:
         return None
     return PredictionError(
         n_memory=len(mem),
@@ -174,6 +180,8 @@ def prediction_error(rows: list[tuple[Prediction, dict[str, float]]]) -> Predict
         n_speed=len(ratio),
         speed_ratio_median=round(statistics.median(ratio), 3) if ratio else None,
         speed_over_bound=sum(r > 1.05 for r in ratio),
+        n_expect=max((len(v) for v in off.values()), default=0),
+        expect_off_median={m: round(statistics.median(v), 3) for m, v in off.items()} or None,
     )
 
 @dataclass(frozen=True)

@@ -216,6 +216,7 @@ def test_command_example_study(tmp_path: Path):
         "study.n_trials=4",
         "select.top_k=1",
         "select.rerun_repeats=1",
+        "+engine.settings.predict.expect.ppl_delta_pct='20 * (1 - skip_threshold)'",  # a user's guess
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = tmp_path / "study"
@@ -225,6 +226,9 @@ def test_command_example_study(tmp_path: Path):
     assert summary["n_trials"] == 4 and summary["n_failed"] == 0
     assert summary["baseline"]["params"] == {"draft_k": 0, "skip_threshold": 1.0}
     assert summary["winner"]["metrics"]["decode_tps"] > 0
+    # what the guess expected of each trial was kept with it, and the summary says how far off it was
+    assert summary["prediction"]["n_expect"] >= 3 and "ppl_delta_pct" in summary["prediction"]["expect_off_median"]
+    assert "expected vs measured (predict.expect): ppl_delta_pct measured" in " ".join(proc.stdout.split())
     command = json.loads((out / "command.json").read_text())
     assert "bench/engines/toy_streamer.py" in command["argv"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["artifacts", "mlflow.db", "study"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
+from rich.console import Console
 
 from autotune.engines.predict import Prediction
+from autotune.output.report import render_summary
 from autotune.record.summary import PredictionError
 from autotune.record.summary import Remeasured
 from autotune.record.summary import StudySummary
@@ -44,6 +47,27 @@ def test_prediction_error_against_measurements():
     assert err.n_speed == 2 and err.speed_ratio_median == pytest.approx(1.0)
     assert err.speed_over_bound == 1  # 60 tok/s measured over a 50 tok/s "upper bound"
     assert prediction_error([(Prediction(), {"decode_tps": 1.0})]) is None
+
+
+def test_an_expected_metric_is_compared_with_what_was_measured_and_kept_with_the_trial():
+    """``predict.expect`` (issue 41): the summary says how far the user's table was off, and a
+    launched trial keeps what was expected of it (its stored prediction)."""
+    table = [Prediction(expect=(("ppl_delta_pct", 2.81),)), Prediction(expect=(("ppl_delta_pct", 0.35),)),
+             Prediction(expect=(("ppl_delta_pct", 0.91),))]
+    kept = [Prediction.from_stored(json.loads(json.dumps(p.stored()))) for p in table]
+    assert kept == table and Prediction().stored() is None
+    assert "expect" not in Prediction(decode_tps_upper=9.0).stored()  # what older studies stored, unchanged
+    measured = [{"ppl_delta_pct": 2.25}, {"ppl_delta_pct": 0.28}, {"decode_tps": 5.0}]  # the third broke down
+    err = prediction_error(list(zip(kept, measured)))
+    assert err.n_memory == err.n_speed == 0 and err.n_expect == 2
+    assert err.expect_off_median == {"ppl_delta_pct": pytest.approx(-0.315)}  # median of -0.56 and -0.07
+    s = StudySummary(study="s", engine="command", interrupted=False, n_trials=3, prediction=err)
+    assert StudySummary.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    console = Console(file=io.StringIO(), width=200)
+    render_summary(console, s, "decode_tps", [])
+    out = console.file.getvalue()
+    assert "expected vs measured (predict.expect): ppl_delta_pct measured -0.315 from what was expected, median " \
+           "over 2 trials" in out and "memory error" not in out
 
 
 @pytest.mark.parametrize("n_win, n_base, within, words", [
