@@ -263,7 +263,6 @@ def validate_command_predict(spec: Any, known: list[str], path: str) -> None:
         known.append(name)
     for key, value in spec.items():
         if key not in PREDICT_KEYS:
-
             raise unknown_name(f"{path}.{key}", key, PREDICT_KEYS, "key")
         if key == "let":
             continue
@@ -272,9 +271,7 @@ def validate_command_predict(spec: Any, known: list[str], path: str) -> None:
             continue
         items = value if isinstance(value, list) else [value]
         for i, item in enumerate(items):
-            sub = f"{path}.{key}" + (f"[{i}]" if isinstance(value, list) else "")
-            if not isinstance(item, (int, float)) or isinstance(item, bool):
-                compile_expr(item, known, sub)
+            _check_value(item, known, f"{path}.{key}" + (f"[{i}]" if isinstance(value, list) else ""))
     if ("need_gb" in spec) != ("have_gb" in spec):
         raise ConfigError(path, spec, "need_gb and have_gb go together (one number or expression "
                           "per device)")
@@ -287,8 +284,13 @@ def _validate_expect(spec: Any, known: list[str], path: str) -> None:
     for metric, text in spec.items():
         if not str(metric).isidentifier():
             raise ConfigError(f"{path}.{metric}", metric, "a metric name")
-        if not isinstance(text, (int, float)) or isinstance(text, bool):
-            compile_expr(text, known, f"{path}.{metric}")
+        _check_value(text, known, f"{path}.{metric}")
+
+
+def _check_value(item: Any, known: list[str], path: str) -> None:
+    """A number, or an expression over ``known`` names (compiled, so a bad one fails at load)."""
+    if not isinstance(item, (int, float)) or isinstance(item, bool):
+        compile_expr(item, known, path)
 
 
 @functools.lru_cache(maxsize=512)

@@ -232,9 +232,8 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
         console.print(f"prediction vs measured: memory error median {_fmt(p.memory_error_pct_median)}% "
                       f"(n={p.n_memory}); decode {_fmt(p.speed_ratio_median)}x of the predicted "
                       f"upper bound (n={p.n_speed}, {p.speed_over_bound} above it)")
-    if p:
-        for metric, off in (p.expect_off_median or {}).items():
-            console.print(f"expected vs measured (predict.expect): {metric} measured {off:+g} from what "
+    for metric, off in ((p.expect_off_median if p else None) or {}).items():
+        console.print(f"expected vs measured (predict.expect): {metric} measured {off:+g} from what "
                           f"was expected, median over {p.n_expect} trials")
     base, win = s.baseline, s.winner
     if win is None:
