@@ -7,7 +7,9 @@ SQLite database under ``mlruns/`` (MLflow 3 refuses the old file store); artifac
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,9 +28,30 @@ if TYPE_CHECKING:
 PARENT_ATTR = mlflow_view.PARENT_ATTR
 
 
-def _sqlite_dir(uri: str) -> None:
-    if uri.startswith("sqlite:///"):
-        Path(uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+def _create_whole(uri: str) -> None:
+    """A new SQLite store is made under another name and linked into place once MLflow's
+    migrations have run (a few seconds on a fresh box): a driver killed meanwhile leaves no
+    half-migrated ``mlflow.db``, which MLflow cannot open again ("duplicate column name: step",
+    found by SIGKILLing drivers at random moments). Two studies creating the same store at once
+    both succeed: the first link wins, the other's copy is dropped."""
+    if not uri.startswith("sqlite:///"):
+        return
+    from mlflow.tracking import MlflowClient
+
+    path = Path(uri[len("sqlite:///"):])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        return
+    for old in path.parent.glob(f"{path.name}.new-*"):  # left by a creation that was killed
+        pid = old.name.rpartition("-")[2]
+        if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+            old.unlink(missing_ok=True)
+    tmp = path.with_name(f"{path.name}.new-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    MlflowClient(tracking_uri=f"sqlite:///{tmp}").search_experiments(max_results=1)  # migrates
+    with contextlib.suppress(FileExistsError):
+        os.link(tmp, path)
+    tmp.unlink()
 
 
 def _params(params: dict[str, Any]) -> dict[str, str]:
@@ -44,7 +67,7 @@ class Tracker:
         quiet()  # no MLflow / alembic database set-up lines on the console
         from mlflow.tracking import MlflowClient
 
-        _sqlite_dir(cfg.tracking.uri)
+        _create_whole(cfg.tracking.uri)
         self.client = MlflowClient(tracking_uri=cfg.tracking.uri)
         name = cfg.tracking.experiment or cfg.study.name
         exp = self.client.get_experiment_by_name(name)

@@ -12,7 +12,13 @@ import os
 from typing import TYPE_CHECKING
 from typing import Any
 
-import ray
+# Ray's C++ failure-signal handler (Abseil's) takes SIGTERM in the driver from the moment its
+# core worker starts inside ray.init until stop.install() takes it back: it dumps a native stack
+# (a clean stop must not) and once aborted the driver (a clean-clone CI soak: exit -6, not 143).
+# Ray's own switch, read when ray is imported; a native crash still ends the process.
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+
+import ray  # noqa: E402 - after the switch above
 
 from autotune.hardware import cpu_count
 from autotune.run import stop

@@ -6,10 +6,11 @@ in the main thread, so they take one path: the driver stops the trials in flight
 marks them interrupted, writes the exports and the summary, and ``autotune run`` exits
 with ``128 + signal`` (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP; :func:`exit_code`).
 
-``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``) and Ray's core worker a
-native one that dumps a stack and aborts (exit 134), so the driver calls :func:`install` again
-once Ray is up, and :func:`ray_start` turns a SIGTERM that came during ``ray.init`` into the
-same stop (exit 143, not 15). While the stop is under way, further signals are noted and
+``ray.init`` installs its own SIGTERM handler (``sys.exit(15)``), so the driver calls
+:func:`install` again once Ray is up, and :func:`ray_start` turns a SIGTERM that came during
+``ray.init`` into the same stop (exit 143, not 15). Ray's core worker would also install a native
+one that dumps a stack and may abort the driver (exit -6): :mod:`autotune.run.placement` turns it
+off with Ray's switch before importing Ray. While the stop is under way, further signals are noted and
 ignored, so the exports get written; SIGKILL still ends it at once.
 
 The signal is also kept (:func:`received`): a library that catches ``KeyboardInterrupt``

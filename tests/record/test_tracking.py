@@ -7,6 +7,11 @@ calling the same methods the driver calls and stopping in between.
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import optuna
@@ -105,3 +110,27 @@ def test_fail_ends_the_parent_run_failed(cfg):
     run = tracker.client.get_run(parent)
     assert run.info.status == "FAILED"
     assert run.data.tags["autotune.error"].startswith("quality.reference")
+
+
+@pytest.mark.slow
+def test_a_driver_killed_while_mlflow_creates_its_store_leaves_one_the_next_opens(tmp_path: Path):
+    """SIGKILL while MLflow migrates a new store (seconds on a fresh box): the next driver opens
+    it. A half-migrated ``mlflow.db`` once refused every later run ("duplicate column name")."""
+    store = tmp_path / "mlruns"
+    overrides = ["conf=fake_gpus", "study.name=killed", f"study.dir={tmp_path}/studies/killed",
+                 f"tracking.uri=sqlite:///{store}/mlflow.db", f"tracking.artifacts={store}/artifacts"]
+    code = ("import sys; from autotune.config.compose import compose; from autotune.config.schema import "
+            "load_config; from autotune.record.tracking import Tracker; Tracker(load_config(compose(sys.argv[1:])))")
+    proc = subprocess.Popen([sys.executable, "-c", code, *overrides], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(f.stat().st_size for f in store.glob("mlflow.db*")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(1.0)  # migrations under way (they take seconds)
+        assert proc.poll() is None, "the store was made before the kill: nothing tested"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    tracker = Tracker(load_config(compose(overrides)))
+    assert tracker.start_study("killed", None, {})
+    assert sorted(f.name for f in store.glob("mlflow.db*")) == ["mlflow.db"]
