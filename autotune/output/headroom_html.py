@@ -1,7 +1,8 @@
 """The report's headroom: the roofline and energy verdict, and a serving study's load curve.
 
 :func:`headroom_html` states how close the winner decodes to this box's memory-bandwidth
-limit and its energy per token (or why either is unknown), from ``summary.json``.
+limit and its energy per token (or why either is unknown), from ``summary.json``;
+:func:`prediction_html` how far the pre-launch predictions were from the measurements.
 :func:`load_curve_figure` draws, for a study whose trials search the most load meeting an
 SLO (``workload.load: slo``), TTFT p95 and goodput against the load level for the baseline,
 the winner and the runner-up, from each trial's ``trials/NNNN/result.json`` (the levels the
@@ -35,6 +36,15 @@ def headroom_html(summary: StudySummary | None) -> str:
     lines = [x for x in (h.roofline_words(), h.energy_words()) if x]
     return "<h2>Headroom</h2>" + "".join(
         f"<p id='headroom-{i}'>{html.escape(x[0].upper() + x[1:])}.</p>" for i, x in enumerate(lines))
+
+
+def prediction_html(summary: StudySummary | None) -> str:
+    """The "Predicted vs measured" section: how far the engine's pre-launch memory and decode
+    predictions, and the user's ``predict.expect``, were from what the trials measured."""
+    lines = summary.prediction.lines() if summary and summary.prediction else []
+    return ("<h2>Predicted vs measured</h2>" + "".join(
+        f"<p id='prediction-{i}'>{html.escape(x[0].upper() + x[1:])}.</p>" for i, x in enumerate(lines))
+            if lines else "")
 
 
 def search_levels(study_dir: Path, number: int) -> list[dict]:

@@ -227,14 +227,8 @@ def render_summary(console: Console, s: StudySummary, sel: str, files: list[Path
                       f"{s.n_duplicates} repeats reused (not counted)")
     if s.stop_reason:
         console.print(f"[yellow]warning:[/yellow] {s.stop_reason}")
-    p = s.prediction
-    if p and (p.n_memory or p.n_speed):
-        console.print(f"prediction vs measured: memory error median {_fmt(p.memory_error_pct_median)}% "
-                      f"(n={p.n_memory}); decode {_fmt(p.speed_ratio_median)}x of the predicted "
-                      f"upper bound (n={p.n_speed}, {p.speed_over_bound} above it)")
-    for metric, off in ((p.expect_off_median if p else None) or {}).items():
-        console.print(f"expected vs measured (predict.expect): {metric} measured {off:+g} from what "
-                          f"was expected, median over {p.n_expect} trials")
+    for line in s.prediction.lines() if s.prediction else []:
+        console.print(line)
     base, win = s.baseline, s.winner
     if win is None:
         console.print("[red]No feasible configuration found.[/red] " + (s.note or ""))

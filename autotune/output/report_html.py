@@ -28,6 +28,7 @@ from autotune.objectives import get_metric
 from autotune.output.headroom_html import HEADROOM_COLUMNS
 from autotune.output.headroom_html import headroom_html
 from autotune.output.headroom_html import load_curve_figure
+from autotune.output.headroom_html import prediction_html
 from autotune.output.pngs import write_pngs
 from autotune.record.optuna_study import copied_attrs
 from autotune.record.study_dirs import constraints_as_written
@@ -287,7 +288,7 @@ def render_report(config: Config, study: optuna.Study, summary: StudySummary | N
             f"{len(study.trials)} trials recorded (budget {config.study.n_trials} launched); objectives "
             + ", ".join(html.escape(_label(o)) for o in objectives) + "</p>"
             + "".join(parts) + verdict_html(summary, constraints_as_written(config), metric, first_broken)
-            + headroom_html(summary)
+            + headroom_html(summary) + prediction_html(summary)
             + "<h2>Every trial</h2>" + trials_table(study, metrics) + "</body></html>")
     out.mkdir(parents=True, exist_ok=True)
     files = [out / "report.html"]

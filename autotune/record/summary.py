@@ -158,6 +158,18 @@ class PredictionError:
     n_expect: int = 0  # trials with a measured metric the prediction expected (predict.expect)
     expect_off_median: dict[str, float] | None = None  # per metric: median of measured - expected
 
+    def lines(self) -> list[str]:
+        """How far the pre-launch predictions were from what was measured, one sentence each
+        (the console's summary and the report page say the same)."""
+        parts = ([f"memory error median {self.memory_error_pct_median:g}% (n={self.n_memory})"]
+                 if self.n_memory else [])
+        if self.n_speed:
+            parts.append(f"decode {self.speed_ratio_median:g}x of the predicted upper bound "
+                         f"(n={self.n_speed}, {self.speed_over_bound} above it)")
+        return (["prediction vs measured: " + "; ".join(parts)] if parts else []) + [
+            f"expected vs measured (predict.expect): {metric} measured {off:+g} from what was expected, "
+            f"median over {self.n_expect} trials" for metric, off in (self.expect_off_median or {}).items()]
+
 
 def prediction_error(rows: list[tuple[Prediction, dict[str, float]]]) -> PredictionError | None:
     """``rows``: (the trial's pre-launch prediction, its measured metrics) per trial."""

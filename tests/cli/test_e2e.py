@@ -6,6 +6,7 @@ re-running the same command resumes the study, and that best.yaml is a usable pr
 
 from __future__ import annotations
 
+import html
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from autotune.record.optuna_study import records
+from autotune.record.summary import PredictionError
 from autotune.search.select import pareto_front
 from tests.conftest import run_cli
 from tests.conftest import study_overrides
@@ -90,6 +92,9 @@ def test_the_run_ends_with_its_report(study):
     out = tmp / "studies" / "e2e" / "report"
     page = (out / "report.html").read_text()
     assert "id=\"history\"" in page and "id=\"pareto\"" in page
+    prediction = json.loads((tmp / "studies" / "e2e" / "summary.json").read_text())["prediction"]
+    lines = PredictionError(**prediction).lines()  # llama.cpp predicts memory and a decode bound
+    assert lines and all(html.escape(x[1:]) in page for x in lines), page[-3000:]
     chromium_or_skip()
     drawn = [n for n in ("pareto", "history", "importance") if f"id='{n}-missing'" not in page]
     for name in drawn:  # a PNG of each plot on the page

@@ -9,7 +9,9 @@ from autotune.measure.spec import SLOSpec
 from autotune.measure.spec import WorkloadSpec
 from autotune.output.headroom_html import headroom_html
 from autotune.output.headroom_html import load_curve_figure
+from autotune.output.headroom_html import prediction_html
 from autotune.record.summary import Headroom
+from autotune.record.summary import PredictionError
 from autotune.record.summary import StudySummary
 from autotune.search.trials import Record
 
@@ -60,3 +62,16 @@ def test_the_headroom_section_says_the_share_or_why_not():
     assert "The winner runs at 48% of this box&#x27;s memory-bandwidth limit" in page
     assert "No energy counter readable here: x." in page
     assert headroom_html(None) == "" and headroom_html(_summary()) == ""
+
+
+def test_the_page_says_how_far_the_predictions_were_from_the_measurements():
+    """The console's prediction lines, on the page: only what was predicted and measured."""
+    err = PredictionError(n_memory=5, memory_error_pct_median=3.2, memory_error_pct_max=9.0, n_expect=4,
+                          expect_off_median={"ppl_delta_pct": -0.3})
+    page = prediction_html(_summary(prediction=err))
+    assert page.startswith("<h2>Predicted vs measured</h2>")
+    assert "<p id='prediction-0'>Prediction vs measured: memory error median 3.2% (n=5).</p>" in page
+    assert "decode" not in page  # no decode bound was predicted
+    assert "Expected vs measured (predict.expect): ppl_delta_pct measured -0.3 from what was expected, " \
+           "median over 4 trials." in page
+    assert prediction_html(None) == "" and prediction_html(_summary()) == ""

@@ -70,10 +70,12 @@ def _legacy_render_summary(console, s, sel, files):
     if s.get("stop_reason"):
         console.print(f"[yellow]warning:[/yellow] {s['stop_reason']}")
     p = s.get("prediction")
-    if p:
-        console.print(f"prediction vs measured: memory error median {_fmt(p.get('memory_error_pct_median'))}% "
-                      f"(n={p.get('n_memory', 0)}); decode {_fmt(p.get('speed_ratio_median'))}x of the predicted "
-                      f"upper bound (n={p.get('n_speed', 0)}, {p.get('speed_over_bound', 0)} above it)")
+    if p:  # session 28: a part nothing was predicted for (n=0) is left out
+        parts = ([f"memory error median {_fmt(p.get('memory_error_pct_median'))}% (n={p['n_memory']})"]
+                 if p.get("n_memory") else [])
+        parts += ([f"decode {_fmt(p.get('speed_ratio_median'))}x of the predicted upper bound "
+                   f"(n={p['n_speed']}, {p.get('speed_over_bound', 0)} above it)"] if p.get("n_speed") else [])
+        console.print("prediction vs measured: " + "; ".join(parts))
     base, win = s.get("baseline"), s.get("winner")
     if win is None:
         console.print("[red]No feasible configuration found.[/red] " + (s.get("note") or ""))
