@@ -227,9 +227,10 @@ def levers_of(method: str) -> tuple[str, ...]:
 
 @contextlib.contextmanager
 def _memo(surface: str, levers: tuple[str, ...], reuse: bool):
-    """The driver's quality memo as on an engine that names its quality knobs (the simulated
-    surfaces run the command engine, which names none, with quality.enabled false: their
-    ppl_delta_pct comes with every result): keyed on ``QUALITY_KNOBS``; "refuse" off: no refusal."""
+    """The driver's quality memo as on an engine whose own quality pass a trial may skip (the
+    simulated surfaces run the command engine with quality.enabled false: their ppl_delta_pct
+    comes with every result, and their quality_knobs only refuse): keyed on ``QUALITY_KNOBS``;
+    "refuse" off: no refusal."""
     from autotune.run import driver as driverlib
     from autotune.run import quality_memo
 
@@ -237,7 +238,7 @@ def _memo(surface: str, levers: tuple[str, ...], reuse: bool):
 
     def init(self, cfg, engine):
         saved[1](self, cfg, engine)
-        self.on = reuse
+        self.on = self.reuses = reuse  # as an engine whose own quality pass a trial may skip
 
     quality_memo.quality_key = lambda engine, params, settings, variants: repr(
         [params.get(q) for q in QUALITY_KNOBS[surface]])

@@ -90,6 +90,11 @@ class Engine:
         return {}
 
     @classmethod
+    def quality_knobs_for(cls, settings: dict) -> tuple[str, ...] | None:
+        """The knobs that change the output distribution with these settings (None: unknown)."""
+        return cls.quality_knobs
+
+    @classmethod
     def doctor_checks(cls, model: Path | None = None) -> list[Check]:
         """``autotune doctor``'s checks of this engine (library, kernels, binary; a check shared
         by several engines keeps one name); ``model``: a model file for a smoke run, or None."""

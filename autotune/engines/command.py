@@ -94,6 +94,7 @@ class CommandSettings(EngineSettings):
     vars: dict = field(default_factory=dict)  # constants usable as {name} in argv
     resources: dict = field(default_factory=dict)  # {num_cpus, num_gpus, custom}
     predict: dict | None = None  # need_gb / have_gb / decode_tps_upper (autotune/engines/predict.py)
+    quality_knobs: list | None = None  # the knobs that decide the command's quality metrics
 
 
 def _is_number(v: Any) -> bool:
@@ -125,6 +126,14 @@ class CommandEngine(Engine):
     @classmethod
     def default_params(cls, settings: dict, variants: dict) -> dict[str, Any]:
         return dict(cls.typed_settings(settings).defaults)
+
+    @classmethod
+    def quality_knobs_for(cls, settings: dict) -> tuple[str, ...] | None:
+        """``settings.quality_knobs``: what the user says decides the quality metrics the
+        command prints (ppl_delta_pct...); a proposal whose values of them were measured and
+        broke a quality bound is refused before launch (autotune.run.quality_memo)."""
+        knobs = settings.get("quality_knobs")
+        return tuple(knobs) if isinstance(knobs, list) else None
 
     @classmethod
     def allowed_placeholders(cls, settings: dict, variants: dict) -> list[str]:
@@ -169,6 +178,13 @@ class CommandEngine(Engine):
                 raise unknown_name(f"{p}.resources.{key}", key, RESOURCE_KEYS, "key")
             if key != "custom" and (not _is_number(value) or value < 0):
                 raise ConfigError(f"{p}.resources.{key}", value, "expected a number >= 0")
+        quality = settings.get("quality_knobs")
+        if quality is not None and (not isinstance(quality, list) or not quality):
+            raise ConfigError(f"{p}.quality_knobs", quality, "expected a list of the knobs that decide the "
+                              "quality metrics the command prints, e.g. [quant, kv_type]")
+        for name in quality or []:
+            if name not in knobs:
+                raise unknown_name(f"{p}.quality_knobs", name, knobs, "declared knob")
         cls._validate_argv(settings, variants, p)
         validate_command_predict(settings.get("predict"), sorted(set(knobs) | set(settings.get("vars") or {})),
                                  f"{p}.predict")

@@ -305,7 +305,7 @@ class Driver:
             return self._refuse(study, trial, params, broken)
         reads = [r.to_dict() for r in pred.reads]
         studylib.mark_launched(trial, params, pred.stored())
-        reuse = self.quality.lookup(params)
+        reuse = self.quality.reusable(params)
         rule = prune.stop_rule(self.cfg, trial, self.measured.values())  # never for trial 0
         ref = self.launcher.submit(trial.number, params, quality=reuse is None, early_stop=rule)
         deadline = time.monotonic() + self.cfg.study.trial_timeout_s + LOST_GRACE_S
@@ -313,7 +313,7 @@ class Driver:
         self.report.started(trial.number, params)
         if reuse:
             self.report.note(f"  #{trial.number} reuses the quality measured by trial {reuse[0]} "
-                             f"(same {', '.join(self.space.engine.quality_knobs or ())})")
+                             f"(same {', '.join(self.quality.knobs or ())})")
         return None
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str) -> str:

@@ -12,6 +12,11 @@ A proposal whose quality key was measured and broke a constraint on a quality me
 driver refuses it before launching (:meth:`QualityMemo.breaks`), which saves its load and its
 workload (issue 43: 60-90 s + 60 s on a 70B). A trial in flight that measures the same key
 does not hold a new proposal back: a slot left idle costs more than the load it might save.
+
+The command engine measures quality itself (its command prints ``ppl_delta_pct``...) and names
+its quality knobs where the user declares them (``engine.settings.quality_knobs``): those
+numbers are remembered the same way, for the refusal only; they are never reused, since the
+command measures them whatever autotune says.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ from autotune._files import write_atomic
 from autotune.measure.quality import QUALITY_METRICS
 from autotune.search import trials as trialslib
 
+# Knobs an engine's settings declare (the command engine's quality_knobs) count; False: only an
+# engine class's own (the code before; bench/efficiency.py --variant noqknobs)
+DECLARED = True
+
 if TYPE_CHECKING:
     import optuna
 
@@ -33,14 +42,20 @@ if TYPE_CHECKING:
     from autotune.trial.spec import TrialResult
 
 
+def knobs_of(engine: type[Engine], settings: dict) -> tuple[str, ...] | None:
+    """The knobs that change ``engine``'s output distribution with ``settings`` (None: unknown)."""
+    return engine.quality_knobs_for(settings) if DECLARED else engine.quality_knobs
+
+
 def quality_key(engine: type[Engine], params: dict[str, Any], settings: dict, variants: dict) -> str | None:
     """The values of ``engine.quality_knobs`` for ``params`` over the engine's defaults, and
     the model variant's definition, as one string (None: the engine names no such knobs)."""
-    if engine.quality_knobs is None:
+    knobs = knobs_of(engine, settings)
+    if knobs is None:
         return None
     full = {**engine.default_params(settings, variants), **params}
     model = full.get("model")
-    return json.dumps([{k: full.get(k) for k in engine.quality_knobs},
+    return json.dumps([{k: full.get(k) for k in knobs},
                        variants.get(model) if isinstance(model, str) else None], sort_keys=True, default=str)
 
 
@@ -48,7 +63,10 @@ class QualityMemo:
     """Quality metrics by quality key, each with the trial that measured them (driver side)."""
 
     def __init__(self, cfg: Config, engine: type[Engine]) -> None:
-        self.on = cfg.quality.enabled and cfg.quality.reuse
+        self.knobs = knobs_of(engine, cfg.engine.settings)
+        # autotune's own quality pass, or the numbers a command measures itself (never reused)
+        self.on = cfg.quality.reuse and (cfg.quality.enabled or not engine.supports_quality)
+        self.reuses = cfg.quality.enabled
         self.cfg, self.engine = cfg, engine
         self.by_key: dict[str, tuple[int, dict[str, float]]] = {}
 
@@ -63,6 +81,10 @@ class QualityMemo:
         key = self.key(params)
         return self.by_key.get(key) if key is not None else None
 
+    def reusable(self, params: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
+        """What a trial of ``params`` reuses instead of its own quality pass (None: it measures)."""
+        return self.lookup(params) if self.reuses else None
+
     def breaks(self, params: dict[str, Any]) -> str | None:
         """Why ``params`` cannot be feasible: its quality key was measured and breaks a
         constraint on a quality metric (the reason names the trial that measured it), or None."""
@@ -74,7 +96,7 @@ class QualityMemo:
                   if c.metric in quality and c.violation(quality[c.metric]) > 0]
         if not broken:
             return None
-        return (f"quality measured by trial {number} (same {', '.join(self.engine.quality_knobs or ())}): "
+        return (f"quality measured by trial {number} (same {', '.join(self.knobs or ())}): "
                 f"{'; '.join(broken)}: not launched")
 
     def remember(self, number: int, params: dict[str, Any], metrics: dict[str, float],

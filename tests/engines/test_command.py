@@ -217,8 +217,13 @@ def test_command_example_study(tmp_path: Path):
         "select.top_k=1",
         "select.rerun_repeats=1",
         "+engine.settings.predict.expect.ppl_delta_pct='20 * (1 - skip_threshold)'",  # a user's guess
+        # the toy's perplexity at 0.95 breaks the 2% bound (+5.6%): the second is never launched
+        "study.enqueue=[{skip_threshold: 0.95, draft_k: 1}, {skip_threshold: 0.95, draft_k: 2}]",
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    attrs = [t.user_attrs for t in _trials(tmp_path, "command_example")]
+    assert [a["kind"] for a in attrs[:3]] == ["launched", "launched", "rejected"], attrs
+    assert attrs[2]["reason"].startswith("quality measured by trial 1 (same skip_threshold): ppl_delta_pct = 5.6")
     out = tmp_path / "study"
     for name in ("pareto.json", "pareto.csv", "best.yaml", "command.json", "summary.json"):
         assert (out / name).is_file(), name

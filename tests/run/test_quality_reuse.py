@@ -18,9 +18,11 @@ from mlflow.tracking import MlflowClient
 
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
+from autotune.engines.command import CommandEngine
 from autotune.engines.exllamav2.engine import ExLlamaV2Engine
 from autotune.engines.fake import FakeEngine
 from autotune.engines.llamacpp.engine import LlamaCppEngine
+from autotune.run import quality_memo
 from autotune.run.quality_memo import QualityMemo
 from autotune.run.quality_memo import quality_key
 from tests.conftest import study_overrides
@@ -87,6 +89,25 @@ def test_a_trial_with_a_measured_quality_key_reuses_it_and_every_record_has_real
     page = (d / "report" / "report.html").read_text()
     assert "<th>time (s)</th>" in page and "quality reused from trial #0" in page
     assert re.search(r"search overhead \d+ s of \d+ s", proc.stdout), proc.stdout[-2000:]
+
+
+def test_a_commands_declared_quality_knobs_refuse_but_never_reuse(monkeypatch):
+    """The command measures its own quality (``engine.settings.quality_knobs`` names what decides
+    it): a key measured breaking a bound refuses the next proposal of it; nothing is reused."""
+    cfg = load_config(compose(["conf=command_example"]))
+    memo = QualityMemo(cfg, CommandEngine)
+    memo.remember(1, {"skip_threshold": 0.95, "draft_k": 1}, {"ppl_delta_pct": 5.6, "decode_tps": 40.0})
+    memo.remember(2, {"skip_threshold": 0.99, "draft_k": 1}, {"ppl_delta_pct": 0.6, "decode_tps": 24.0})
+    assert memo.breaks({"skip_threshold": 0.95, "draft_k": 4}) == (
+        "quality measured by trial 1 (same skip_threshold): ppl_delta_pct = 5.6 breaks ppl_delta_pct <= 2: "
+        "not launched")
+    assert memo.breaks({"skip_threshold": 0.99, "draft_k": 4}) is None
+    assert memo.lookup({"skip_threshold": 0.99}) == (2, {"ppl_delta_pct": 0.6})
+    assert memo.reusable({"skip_threshold": 0.99}) is None  # the command measures it again
+    undeclared = load_config(compose(["conf=command_example", "~engine.settings.quality_knobs"]))
+    assert quality_key(CommandEngine, {}, undeclared.engine.settings, {}) is None
+    monkeypatch.setattr(quality_memo, "DECLARED", False)  # the code before (the bench's A/B)
+    assert quality_key(CommandEngine, {}, cfg.engine.settings, {}) is None
 
 
 def test_a_measured_quality_key_that_breaks_a_quality_bound_is_known_broken():
