@@ -152,9 +152,6 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "nofree": {"memory": {"FREE_AT_START": False}},
     "maximin": {"design": {"SPREAD": "maximin"}},  # no prior: the design's spread points by maximin (before session 24)
     "noctx": {"context": {"CONTEXT": False}},  # a context overflow stays a "does it run" point (before session 25)
-    # session 28: the surfaces' engine.settings.quality_knobs ignored (the code before): no refusal
-    # of a proposal whose measured quality key broke the perplexity bound
-    "noqknobs": {"run.quality_memo": {"DECLARED": False}},
 }
 SURFACE_MODULES = ("moe", "models")  # bench/surfaces modules a variant may set (fast mode only)
 CHECKPOINTS = (10, 20, 30)
@@ -291,9 +288,7 @@ def set_variant(variant: str) -> None:
     import importlib
 
     def module_of(mod: str):  # a search module, or a surface's own (bench/surfaces/MOD.py)
-        if mod in SURFACE_MODULES:
-            return importlib.import_module(mod)
-        return importlib.import_module(f"autotune.{mod}" if "." in mod else f"autotune.search.{mod}")
+        return importlib.import_module(mod if mod in SURFACE_MODULES else f"autotune.search.{mod}")
 
     for mods in VARIANTS.values():
         for mod, attrs in mods.items():

@@ -228,9 +228,9 @@ def levers_of(method: str) -> tuple[str, ...]:
 @contextlib.contextmanager
 def _memo(surface: str, levers: tuple[str, ...], reuse: bool):
     """The driver's quality memo as on an engine whose own quality pass a trial may skip (the
-    simulated surfaces run the command engine with quality.enabled false: their ppl_delta_pct
-    comes with every result, and their quality_knobs only refuse): keyed on ``QUALITY_KNOBS``;
-    "refuse" off: no refusal."""
+    simulated surfaces run the command engine, whose presets here declare no quality_knobs,
+    with quality.enabled false: their ppl_delta_pct comes with every result): keyed on
+    ``QUALITY_KNOBS``; "refuse" off: no refusal."""
     from autotune.run import driver as driverlib
     from autotune.run import quality_memo
 

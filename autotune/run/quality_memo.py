@@ -30,10 +30,6 @@ from autotune._files import write_atomic
 from autotune.measure.quality import QUALITY_METRICS
 from autotune.search import trials as trialslib
 
-# Knobs an engine's settings declare (the command engine's quality_knobs) count; False: only an
-# engine class's own (the code before; bench/efficiency.py --variant noqknobs)
-DECLARED = True
-
 if TYPE_CHECKING:
     import optuna
 
@@ -42,15 +38,10 @@ if TYPE_CHECKING:
     from autotune.trial.spec import TrialResult
 
 
-def knobs_of(engine: type[Engine], settings: dict) -> tuple[str, ...] | None:
-    """The knobs that change ``engine``'s output distribution with ``settings`` (None: unknown)."""
-    return engine.quality_knobs_for(settings) if DECLARED else engine.quality_knobs
-
-
 def quality_key(engine: type[Engine], params: dict[str, Any], settings: dict, variants: dict) -> str | None:
     """The values of ``engine.quality_knobs`` for ``params`` over the engine's defaults, and
     the model variant's definition, as one string (None: the engine names no such knobs)."""
-    knobs = knobs_of(engine, settings)
+    knobs = engine.quality_knobs_for(settings)
     if knobs is None:
         return None
     full = {**engine.default_params(settings, variants), **params}
@@ -63,7 +54,7 @@ class QualityMemo:
     """Quality metrics by quality key, each with the trial that measured them (driver side)."""
 
     def __init__(self, cfg: Config, engine: type[Engine]) -> None:
-        self.knobs = knobs_of(engine, cfg.engine.settings)
+        self.knobs = engine.quality_knobs_for(cfg.engine.settings)
         # autotune's own quality pass, or the numbers a command measures itself (never reused)
         self.on = cfg.quality.reuse and (cfg.quality.enabled or not engine.supports_quality)
         self.reuses = cfg.quality.enabled

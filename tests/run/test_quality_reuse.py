@@ -22,7 +22,6 @@ from autotune.engines.command import CommandEngine
 from autotune.engines.exllamav2.engine import ExLlamaV2Engine
 from autotune.engines.fake import FakeEngine
 from autotune.engines.llamacpp.engine import LlamaCppEngine
-from autotune.run import quality_memo
 from autotune.run.quality_memo import QualityMemo
 from autotune.run.quality_memo import quality_key
 from tests.conftest import study_overrides
@@ -91,7 +90,7 @@ def test_a_trial_with_a_measured_quality_key_reuses_it_and_every_record_has_real
     assert re.search(r"search overhead \d+ s of \d+ s", proc.stdout), proc.stdout[-2000:]
 
 
-def test_a_commands_declared_quality_knobs_refuse_but_never_reuse(monkeypatch):
+def test_a_commands_declared_quality_knobs_refuse_but_never_reuse():
     """The command measures its own quality (``engine.settings.quality_knobs`` names what decides
     it): a key measured breaking a bound refuses the next proposal of it; nothing is reused."""
     cfg = load_config(compose(["conf=command_example"]))
@@ -106,8 +105,6 @@ def test_a_commands_declared_quality_knobs_refuse_but_never_reuse(monkeypatch):
     assert memo.reusable({"skip_threshold": 0.99}) is None  # the command measures it again
     undeclared = load_config(compose(["conf=command_example", "~engine.settings.quality_knobs"]))
     assert quality_key(CommandEngine, {}, undeclared.engine.settings, {}) is None
-    monkeypatch.setattr(quality_memo, "DECLARED", False)  # the code before (the bench's A/B)
-    assert quality_key(CommandEngine, {}, cfg.engine.settings, {}) is None
 
 
 def test_a_measured_quality_key_that_breaks_a_quality_bound_is_known_broken():
