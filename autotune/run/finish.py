@@ -6,6 +6,7 @@ the console, all fed from that summary in memory.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 from typing import Protocol
 
@@ -78,8 +79,26 @@ def candidates(cfg: Config, recs: list[Record]) -> tuple[list[Record], list[Reco
 def remeasure(cfg: Config, launcher: Launcher, report: Reporter, recs: list[Record]) -> Verdict:
     """The candidates re-measured side by side with the baseline, with the trials that broke
     only a tail-latency bound by one slow request (:func:`~autotune.run.remeasure.tail_spikes`)."""
-    suspects = tail_spikes([r for r in recs if r.kind == trialslib.LAUNCHED], cfg.constraints)
-    return choose_winner(cfg, launcher, report, candidates(cfg, recs)[0], baseline_record(recs), suspects)
+    measured = [r for r in recs if r.kind == trialslib.LAUNCHED]
+    suspects = tail_spikes(measured, cfg.constraints)
+    verdict = choose_winner(cfg, launcher, report, candidates(cfg, recs)[0], baseline_record(recs), suspects)
+    if verdict.winner is None and (why := unmet(cfg, measured)):
+        verdict = dataclasses.replace(verdict, note=f"{verdict.note}; {why}")
+    return verdict
+
+
+def unmet(cfg: Config, measured: list[Record]) -> str:
+    """The bounds every measured trial broke, each with the closest value measured: what to
+    loosen on a box slower than the preset assumed (an absolute TTFT bound, say)."""
+    out = []
+    for c in cfg.constraints:
+        seen = [(r.violations[str(c)], r) for r in measured
+                if str(c) in r.violations and c.metric in r.metrics]
+        if seen and all(v > 0 for v, _ in seen):
+            _, closest = min(seen, key=lambda x: x[0])
+            out.append(f"every measured trial broke {c} (the closest: {closest.metrics[c.metric]:.4g}, "
+                       f"trial #{closest.number})")
+    return "; ".join(out) + (f"; loosen {'it' if len(out) == 1 else 'them'} to tune on this box" if out else "")
 
 
 def summarize(d: Driver, study: optuna.Study, recs: list[Record], verdict: Verdict,

@@ -175,3 +175,23 @@ def test_the_winner_is_ranked_on_the_pooled_median_the_table_shows():
     assert verdict.winner.number == 13 and verdict.runner_up == 7
     assert verdict.winner.metrics["decode_tps"] == table.row(13).median  # what the summary's table shows
     assert verdict.speedup == pytest.approx(65.01 / 47.5)
+
+
+def test_a_study_with_no_feasible_trial_names_the_bound_every_trial_broke():
+    """On a box slower than the preset assumed (session 28: every trial of the default study over
+    its absolute TTFT bound), the verdict's note says which bound to loosen and how close the
+    search came; a bound some trial met is not named."""
+    from autotune.run.finish import unmet
+
+    cfg = load_config(compose(["conf=local_cpu"]))  # ppl_delta_pct <= 2, ttft_p95_ms <= 300
+    ttft, ppl = "ttft_p95_ms <= 300", "ppl_delta_pct <= 2"
+    recs = [Record(0, {}, {"ttft_p95_ms": 457.0, "ppl_delta_pct": 0.0}, "ok", False, violations={ttft: 0.52, ppl: -1.0}),
+            Record(2, {}, {"ttft_p95_ms": 328.4}, "stopped", False, violations={ttft: 0.095, ppl: 0.0}),
+            Record(7, {}, {"ttft_p95_ms": 301.2, "ppl_delta_pct": 32.4}, "ok", False,
+                   violations={ttft: 0.004, ppl: 15.2})]
+    assert unmet(cfg, recs) == ("every measured trial broke ttft_p95_ms <= 300 (the closest: 301.2, trial #7); "
+                                "loosen it to tune on this box")
+    assert unmet(cfg, recs[1:]) == ("every measured trial broke ppl_delta_pct <= 2 (the closest: 32.4, trial #7); "
+                                    "every measured trial broke ttft_p95_ms <= 300 (the closest: 301.2, trial #7); "
+                                    "loosen them to tune on this box")
+    assert unmet(cfg, []) == ""
