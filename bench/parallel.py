@@ -57,7 +57,7 @@ def bench_config(study_dir: Path, n_trials: int, seed: int, slots: int):
         "knobs": {"duration_s": {"type": "float", "low": 0.5, "high": 1.5}},
         "defaults": {"duration_s": 1.0},
         "resources": {"num_cpus": 1, "num_gpus": 1},
-        "env": {}, "timeout_s": 60,
+        "env": {}, "timeout_s": 60, "quality_knobs": None,  # the example's knob is gone
     })
     data["space"] = {"duration_s": {"type": "float", "low": 0.5, "high": 1.5}}
     data["rules"] = []
