@@ -15,6 +15,7 @@ from rich.console import Console
 from autotune.config.compose import compose
 from autotune.config.schema import load_config
 from autotune.output.report import Reporter
+from autotune.run.finish import unmet
 from autotune.run.remeasure import REMEASURE_BASE
 from autotune.run.remeasure import choose_winner
 from autotune.run.remeasure import tail_spikes
@@ -181,8 +182,6 @@ def test_a_study_with_no_feasible_trial_names_the_bound_every_trial_broke():
     """On a box slower than the preset assumed (session 28: every trial of the default study over
     its absolute TTFT bound), the verdict's note says which bound to loosen and how close the
     search came; a bound some trial met is not named."""
-    from autotune.run.finish import unmet
-
     cfg = load_config(compose(["conf=local_cpu"]))  # ppl_delta_pct <= 2, ttft_p95_ms <= 300
     ttft, ppl = "ttft_p95_ms <= 300", "ppl_delta_pct <= 2"
     recs = [Record(0, {}, {"ttft_p95_ms": 457.0, "ppl_delta_pct": 0.0}, "ok", False, violations={ttft: 0.52, ppl: -1.0}),
