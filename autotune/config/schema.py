@@ -9,6 +9,7 @@ as ``study.n_trials``), the value received and what is allowed. Engine-specific 
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 from dataclasses import asdict
@@ -154,7 +155,8 @@ _SECTIONS = {
     "report": ReportConfig,
 }
 _TOP_KEYS = set(_SECTIONS) | {"space", "rules", "objectives", "constraints"}
-_CONSTRAINT_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*$")
+_CONSTRAINT_RE = re.compile(
+    r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*(<=|>=)\s*([-+0-9.eE]+)\s*(?:(?:x|\*)\s*(baseline))?\s*$")
 
 
 def _positive(path: str, value: float | int | None, allow_zero: bool = False) -> None:
@@ -211,16 +213,26 @@ def validate_workload(wl: WorkloadSpec, trial_timeout_s: float | None = None) ->
 
 
 def parse_constraint(text: Any, path: str) -> Constraint:
-    """Parse ``"ttft_p95_ms <= 200"``; the metric must be registered."""
+    """Parse ``"ttft_p95_ms <= 200"`` or, relative to the baseline's measurement (trial 0, the
+    engine's defaults), ``"ttft_p95_ms <= 1.5x baseline"``; the metric must be registered."""
     from autotune.objectives import get_metric
 
     if isinstance(text, dict) and {"metric", "op", "bound"} <= set(text):
         text = f"{text['metric']} {text['op']} {text['bound']}"
     m = _CONSTRAINT_RE.match(str(text)) if isinstance(text, str) else None
-    if not m:
-        raise ConfigError(path, text, "expected 'METRIC <= NUMBER' or 'METRIC >= NUMBER'")
+    try:
+        number = float(m.group(3)) if m else math.nan
+    except ValueError:
+        number = math.nan
+    if not m or not math.isfinite(number):
+        raise ConfigError(path, text, "expected 'METRIC <= NUMBER', 'METRIC >= NUMBER' or, relative "
+                          "to the engine defaults' measurement, 'METRIC <= NUMBERx baseline'")
     get_metric(m.group(1), path)
-    return Constraint(m.group(1), m.group(2), float(m.group(3)))
+    if m.group(4) is None:
+        return Constraint(m.group(1), m.group(2), number)
+    if number <= 0:
+        raise ConfigError(path, text, "a relative bound needs a factor > 0 (e.g. 1.5x baseline)")
+    return Constraint(m.group(1), m.group(2), math.nan, factor=number)
 
 
 def parse_objective(item: Any, path: str) -> Objective:
@@ -369,10 +381,16 @@ def _check_pointers(data: dict, sections: dict, rules: list) -> list:
 
 
 def _check_satisfiable(constraints: list[Constraint], raw: list) -> None:
-    """No metric may be bounded above below where it is bounded below."""
+    """No metric may be bounded above below where it is bounded below (absolute bounds, and
+    relative ones against each other: their baseline is one value)."""
     for metric in {c.metric for c in constraints}:
-        upper = min((c.bound for c in constraints if c.metric == metric and c.op == "<="), default=None)
-        lower = max((c.bound for c in constraints if c.metric == metric and c.op == ">="), default=None)
-        if upper is not None and lower is not None and lower > upper:
-            raise ConfigError("constraints", raw, f"no value of {metric} is both >= {lower:g} and "
-                              f"<= {upper:g}; relax one bound")
+        for absolute in (True, False):
+            same = [c for c in constraints if c.metric == metric and (c.factor is None) == absolute]
+            at = (lambda c: c.bound) if absolute else (lambda c: c.factor)
+            upper = min((at(c) for c in same if c.op == "<="), default=None)
+            lower = max((at(c) for c in same if c.op == ">="), default=None)
+            if upper is not None and lower is not None and lower > upper:
+                unit = "" if absolute else "x baseline"
+                raise ConfigError("constraints", raw, f"no value of {metric} is both >= {lower:g}{unit} "
+                                  f"and <= {upper:g}{unit}; relax one bound")
+

@@ -141,7 +141,7 @@ def tail(out: Lines, constraints: list[tuple[str, str]], reference: dict, ray: d
     out.add("constraints:")
     for text, why in constraints:
         out.add(f"  - {text}", why)
-    out.add("  # - ttft_p95_ms <= 500", "add a latency limit when you serve people")
+    out.add("  # - ttft_p95_ms <= 1.5x baseline", "add a latency limit (or an absolute one: <= 500) when you serve people")
     out.add()
     out.add("quality:")
     out.key(2, "n_tokens", 512)

@@ -287,7 +287,8 @@ def render_report(config: Config, study: optuna.Study, summary: StudySummary | N
             f"<h1>autotune study {name}</h1><p>engine {html.escape(config.engine.kind)}; "
             f"{len(study.trials)} trials recorded (budget {config.study.n_trials} launched); objectives "
             + ", ".join(html.escape(_label(o)) for o in objectives) + "</p>"
-            + "".join(parts) + verdict_html(summary, constraints_as_written(config), metric, first_broken)
+            + "".join(parts) + verdict_html(
+                summary, (summary and summary.constraints) or constraints_as_written(config), metric, first_broken)
             + headroom_html(summary) + prediction_html(summary)
             + "<h2>Every trial</h2>" + trials_table(study, metrics) + "</body></html>")
     out.mkdir(parents=True, exist_ok=True)

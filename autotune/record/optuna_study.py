@@ -26,6 +26,7 @@ the study's own (the config fingerprint, the MLflow parent run).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -56,6 +57,7 @@ RUN_OK = "run_ok"
 STOPPED = "stopped"  # a trial stopped early (study.early_stop): told PRUNED with its partial numbers
 FINISHED = (TrialState.COMPLETE, TrialState.FAIL, TrialState.PRUNED)
 FINGERPRINT = "fingerprint"  # study attribute: config_fingerprint of the config that started it
+BASELINE_ATTR = "relative_baseline"  # study attribute: {metric: [value, trial]} relative bounds use
 
 
 # ---- user attributes: the one place that writes them (read by search.trials.trial_attrs) ----
@@ -192,13 +194,33 @@ def _worst(study: optuna.Study) -> list[float] | None:
     return out
 
 
+def unresolved(cfg: Config) -> list[str]:
+    """The metrics of relative constraints (``ttft_p95_ms <= 1.5x baseline``) whose bound is not
+    known yet: nothing measured them so far."""
+    return sorted({c.metric for c in cfg.constraints if not c.known})
+
+
+def with_baseline(cfg: Config, baseline: dict[str, list] | None) -> Config:
+    """``cfg`` with its relative constraints' bounds set from the baseline's measured values
+    (``{metric: [value, trial]}``, the study's ``BASELINE_ATTR``)."""
+    if not baseline or not unresolved(cfg):
+        return cfg
+    return dataclasses.replace(cfg, constraints=[
+        c.resolved(float(baseline[c.metric][0])) if not c.known and c.metric in baseline else c
+        for c in cfg.constraints])
+
+
 def constraint_values(cfg: Config, metrics: dict[str, float]) -> dict[str, float]:
-    """Relative violation per constraint (<= 0 feasible); a missing metric counts as violated."""
+    """Relative violation per constraint (<= 0 feasible); a missing metric counts as violated,
+    a relative bound not known yet judges nothing (0; the driver sets it before any trial is
+    told ok: :meth:`autotune.run.driver.Driver.note_baseline`)."""
     out = {}
     for c in cfg.constraints:
         v = metrics.get(c.metric)
         if v is None or not math.isfinite(v):
             out[str(c)] = 1.0
+        elif not c.known:
+            out[str(c)] = 0.0
         else:
             out[str(c)] = c.violation(v) / max(abs(c.bound), 1e-9)
     return out

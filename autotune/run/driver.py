@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,6 +192,7 @@ class Driver:
                                self.n_startup(), cfg.study.search, pool=self.pool,
                                constraints=cfg.constraints, objectives=studylib.told_names(cfg))
         study, resumed = studylib.open_study(cfg, sampler)
+        self.bind(study, studylib.with_baseline(cfg, studylib.study_attr(study, studylib.BASELINE_ATTR)))
         if not resumed:
             baseline = baseline_params(self.space, cfg.engine.variants)
             studylib.enqueue_initial(study, self.space, baseline, [*self.seeds, *cfg.study.enqueue],
@@ -247,7 +249,9 @@ class Driver:
         while True:
             stop.check(self.stop_mark)  # a Ctrl-C whose KeyboardInterrupt a library swallowed
             over_time = cfg.study.timeout_s is not None and time.monotonic() - t0 > cfg.study.timeout_s
-            while (not over_time and self.stop_reason is None and len(self.pending) < slots
+            # a relative bound not known yet: one trial at a time until one measured its metric
+            room = 1 if studylib.unresolved(self.cfg) else slots
+            while (not over_time and self.stop_reason is None and len(self.pending) < room
                    and not exhausted(study) and launched + len(self.pending) < cfg.study.n_trials):
                 stop.check(self.stop_mark)  # between asks: a stop noted while deferred
                 why = self._ask_one(study)
@@ -346,6 +350,8 @@ class Driver:
             upper = self.predict(p.params).decode_tps_upper
             result = spill.judge(result, self.cfg.engine.settings, upper)
         result = with_roofline(result, p.reads, self.cfg.workload)
+        if result.status == "ok":
+            self.note_baseline(study, p.trial.number, result.metrics)
         result, attrs = self.quality.settle(p.trial.number, p.params, result, p.quality_from,
                                             self.launcher.workdir(p.trial.number) / "result.json")
         record = studylib.tell(study, p.trial, self.cfg, p.params, result, attrs=attrs)
@@ -354,6 +360,26 @@ class Driver:
         self.report.finished(record, result.duration_s)
         self._log(record, result, self.launcher.workdir(p.trial.number) / "trial.log")
         return record
+
+    def bind(self, study: optuna.Study, cfg: Config) -> None:
+        """Use ``cfg`` (the same study with relative bounds set) from now on, in the sampler too."""
+        self.cfg = self.quality.cfg = cfg
+        if hasattr(study.sampler, "constraints"):  # bo models the constraints itself
+            study.sampler.constraints = list(cfg.constraints)
+
+    def note_baseline(self, study: optuna.Study, number: int, metrics: dict[str, Any]) -> None:
+        """Set the relative bounds (``ttft_p95_ms <= 1.5x baseline``) from the first trial that
+        measured their metric: trial 0, the engine's defaults, unless it failed. Kept in the
+        study, so a resumed run judges by the same bounds."""
+        values = {m: [float(metrics[m]), number] for m in studylib.unresolved(self.cfg)
+                  if isinstance(metrics.get(m), (int, float)) and math.isfinite(metrics[m])}
+        if not values:
+            return
+        values = {**(studylib.study_attr(study, studylib.BASELINE_ATTR) or {}), **values}
+        studylib.set_study_attr(study, studylib.BASELINE_ATTR, values)
+        self.bind(study, studylib.with_baseline(self.cfg, values))
+        set_now = [c.describe() for c in self.cfg.constraints if c.factor is not None and c.metric in values]
+        self.report.note(f"bounds relative to trial #{number}'s measurement: {', '.join(set_now)}")
 
     def _log(self, record: Record, result: TrialResult, log: Path | None) -> None:
         if self.tracker:

@@ -98,7 +98,16 @@ def unmet(cfg: Config, measured: list[Record]) -> str:
             _, closest = min(seen, key=lambda x: x[0])
             out.append(f"every measured trial broke {c} (the closest: {closest.metrics[c.metric]:.4g}, "
                        f"trial #{closest.number})")
-    return "; ".join(out) + (f"; loosen {'it' if len(out) == 1 else 'them'} to tune on this box" if out else "")
+    if out:
+        return "; ".join(out) + f"; loosen {'it' if len(out) == 1 else 'them'} to tune on this box"
+    judged = [r for r in measured if any(str(c) in r.violations and c.metric in r.metrics for c in cfg.constraints)]
+    broke = [(c, sum(r.violations.get(str(c), 0.0) > 0 and c.metric in r.metrics for r in judged))
+             for c in cfg.constraints]
+    if not any(n for _, n in broke):
+        return ""
+    return ("no measured trial met every bound, though each bound was met by some: "
+            + ", ".join(f"{c} broken by {n} of {len(judged)}" for c, n in broke if n)
+            + "; loosen one of them (or widen the space) to tune on this box")
 
 
 def summarize(d: Driver, study: optuna.Study, recs: list[Record], verdict: Verdict,
@@ -127,7 +136,7 @@ def summarize(d: Driver, study: optuna.Study, recs: list[Record], verdict: Verdi
         n_infeasible=sum(r.status == "infeasible" or (r.status == "ok" and not r.feasible) for r in measured),
         n_stopped=sum(r.status == "stopped" for r in measured),
         elapsed_s=round(elapsed, 1), overhead_s=round(d.clock.overhead_s(), 1),
-        objectives=objectives, constraints=[str(c) for c in cfg.constraints],
+        objectives=objectives, constraints=[c.describe() for c in cfg.constraints],
         workload=cfg.workload.to_dict(), baseline=baseline, winner=winner, pareto=[r.number for r in front],
         winner_metrics=winner.metrics if winner else {},
         warnings=d.space.engine.export_warnings(winner.params, cfg.engine.settings) if winner else [],

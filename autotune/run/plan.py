@@ -71,7 +71,9 @@ def print_plan(cfg: Config, space: Space, baseline: dict[str, Any], console: Con
     if not space.rules:
         c.print("  none")
     c.print("objectives: " + ", ".join(f"{o.metric} ({o.direction})" for o in cfg.objectives))
-    c.print("constraints: " + (", ".join(map(str, cfg.constraints)) or "none"))
+    c.print("constraints: " + (", ".join(map(str, cfg.constraints)) or "none")
+            + ("; 'baseline' is trial 0's measurement (the engine's defaults), which runs first"
+               if any(x.factor is not None for x in cfg.constraints) else ""))
     c.print(f"winner: select.rule {cfg.select.rule} "
             + (f"on {cfg.select.metric}" if cfg.select.rule == "max" else
                f"weights {cfg.select.weights}" if cfg.select.rule == "weighted" else "over the objectives")

@@ -59,7 +59,7 @@ def stop_rule(cfg: Config, trial: Any, measured: Iterable[Record]) -> StopRule |
     a = trial_attrs(trial)
     if not enabled(cfg) or trial.number == 0 or a.role == "baseline" or a.rerun_of == 0:
         return None  # trial 0, or trial 0 re-run on resume after a stop cut it off
-    bounds = tuple((c.metric, c.op, float(c.bound)) for c in cfg.constraints)
+    bounds = tuple((c.metric, c.op, float(c.bound)) for c in cfg.constraints if c.known)
     best = incumbent(cfg, measured)
     if best is None:
         return StopRule(bounds=bounds) if bounds else None

@@ -403,7 +403,7 @@ class PoolSampler(optuna.samplers.BaseSampler):
         out += 0.0 if fits is None else fits
         if self._need:  # a context overflow is a rule on the free rows, not a "does it run" point
             launched = [t for t in launched if not context.explained(trial_params(t), trial_attrs(t).reason)]
-        for c in self.constraints:
+        for c in (c for c in self.constraints if c.known):  # a relative bound set by trial 0
             seen = [(row[t.number], trial_attrs(t).metrics[c.metric])
                     for t in ok if c.metric in trial_attrs(t).metrics]
             z = np.array([c.violation(v) / max(abs(c.bound), 1e-9) for _, v in seen])

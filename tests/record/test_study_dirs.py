@@ -35,8 +35,8 @@ def test_read_config_is_a_config_pointing_at_the_directory(tmp_path):
     cfg = read_config(d)
     assert isinstance(cfg, Config) and cfg.study.name == "t" and cfg.study.dir == str(d)
     assert cfg.raw["select"] == data["select"] and cfg.select.metric == data["select"]["metric"]
-    assert constraints_as_written(cfg) == ["ppl_delta_pct <= 2.0", "ttft_p95_ms <= 300"]
-    assert [str(c) for c in cfg.constraints] == ["ppl_delta_pct <= 2", "ttft_p95_ms <= 300"]
+    assert constraints_as_written(cfg) == ["ppl_delta_pct <= 2.0", "ttft_p95_ms <= 1.5x baseline"]
+    assert [str(c) for c in cfg.constraints] == ["ppl_delta_pct <= 2", "ttft_p95_ms <= 1.5x baseline"]
     assert storage_url(d, cfg) == f"sqlite:///{d.resolve()}/optuna.db"
 
 

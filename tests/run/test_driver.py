@@ -169,3 +169,35 @@ def test_driver_state_is_typed(local_ray, tmp_path):
     assert isinstance(summary, StudySummary) and summary.n_trials == 1 and driver.pending == {}
     on_disk = json.loads((tmp_path / "study" / "summary.json").read_text())
     assert StudySummary.from_dict(on_disk).winner == summary.winner
+
+
+def test_a_relative_bound_is_set_by_trial_0_which_runs_alone_and_a_resume_keeps_it(local_ray, tmp_path):
+    """``ttft_p95_ms <= 1.1x baseline``: trial 0 (the engine's defaults) runs before anything else
+    even with three slots, its TTFT sets the bound every trial is judged by, the summary says the
+    number, and a resumed run keeps the bound instead of taking another trial's."""
+    over = ["study.n_trials=5", "space.duration_s.value=0.3", "ray.max_concurrent=3",
+            'constraints=["ttft_p95_ms <= 1.1x baseline"]']
+    cfg, space = fake_config(tmp_path, over)
+    summary, log = run_study(cfg, space)
+    events = trial_events(cfg)
+    others = [events[n]["start"]["time"] for n in events if n != 0]
+    assert len(others) == 4 and min(others) >= events[0]["end"]["time"], "trial 0 ran alone"
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.storage_url)
+    base = study.user_attrs["relative_baseline"]["ttft_p95_ms"]
+    assert base[1] == 0 and base[0] == records(study)[0].metrics["ttft_p95_ms"]
+    bound = 1.1 * base[0]
+    assert f"ttft_p95_ms <= 1.1x baseline (= {bound:.4g})" in summary["constraints"]
+    assert f"bounds relative to trial #0's measurement: ttft_p95_ms <= 1.1x baseline (= {bound:.4g})" in " ".join(log.split())
+    for r in records(study):
+        assert r.violations["ttft_p95_ms <= 1.1x baseline"] == pytest.approx(
+            (r.metrics["ttft_p95_ms"] - bound) / bound), r.number
+        if r.status == "ok":  # not one stopped early (it never reached trial 0's speed)
+            assert r.feasible == (r.metrics["ttft_p95_ms"] <= bound), r.number
+
+    cfg, space = fake_config(tmp_path, [*over[:-2], "study.n_trials=7", "ray.max_concurrent=3", over[-1]])
+    summary, log = run_study(cfg, space)
+    study = optuna.load_study(study_name=cfg.study.name, storage=cfg.storage_url)
+    assert study.user_attrs["relative_baseline"]["ttft_p95_ms"] == base and "bounds relative" not in log
+    later = [r for r in records(study) if r.number >= 5 and r.kind == "launched" and r.status != "failed"]
+    assert later and all(r.violations["ttft_p95_ms <= 1.1x baseline"] == pytest.approx(
+        (r.metrics["ttft_p95_ms"] - bound) / bound) for r in later)
