@@ -44,6 +44,7 @@ KV_BYTES = {
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+_U64 = struct.Struct("<Q")
 
 
 def read_gguf_metadata(model_path: str | Path) -> dict:
@@ -107,6 +108,11 @@ def _read_header(model_path: str | Path, tensors: bool) -> tuple[dict, list[tupl
                         items = list(struct.unpack_from(f"<{count}{_SCALARS[etype][1]}", m, pos))
                         return items, pos + count * size
                     return ArrayLen(count), pos + count * size
+                if etype == _STRING:  # a vocabulary: only each length is read (262,144 for gemma-3)
+                    length = _U64.unpack_from
+                    for _ in range(count):
+                        pos += 8 + length(m, pos)[0]
+                    return ArrayLen(count), pos
                 for _ in range(count):
                     _, pos = value(etype, pos)
                 return ArrayLen(count), pos
