@@ -125,7 +125,7 @@ def choose_winner(cfg: Config, launcher: Launcher, report: Reporter, candidates:
     ranked = rank(candidates, sel.rule, sel.metric, objectives, sel.weights)
     if sel.top_k == 0 or sel.rerun_repeats == 0 or not (ranked or suspects):
         return Verdict(winner=ranked[0]) if ranked else Verdict(
-            note="no feasible trial: nothing to export as a winner")
+            note="nothing to export as a winner")
     top = ranked[: sel.top_k]
     contenders = rank([*top, *suspects], sel.rule, sel.metric, objectives, sel.weights)[: sel.top_k]
     in_top = {c.number for c in top}

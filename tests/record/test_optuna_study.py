@@ -171,3 +171,26 @@ def test_an_enqueued_trial_killed_before_suggest_is_requeued(tmp_path):
     st2, _ = studylib.open_study(cfg, make_sampler("tpe", 0, space, 10))
     assert st2.trials[0].params == {} and studylib.requeue_interrupted(st2) == [0]
     assert space.suggest(st2.ask()) == baseline_params(space, cfg.engine.variants)
+
+
+def test_a_relative_bound_judges_once_its_baseline_is_known_and_the_study_keeps_it(setup):
+    """``ttft_p95_ms <= 1.5x baseline`` (the default preset's): unknown, it judges nothing and
+    is named by ``unresolved``; set from a baseline kept in the study, it judges like an
+    absolute bound of 1.5 times that value, under the same name."""
+    cfg, space, st, _ = setup
+    rel = "ttft_p95_ms <= 1.5x baseline"
+    assert studylib.unresolved(cfg) == ["ttft_p95_ms"]
+    assert studylib.constraint_values(cfg, {"ttft_p95_ms": 9e9, "ppl_delta_pct": 0.0})[rel] == 0.0
+    assert studylib.constraint_values(cfg, {"ppl_delta_pct": 0.0})[rel] == 1.0  # not measured: broken
+    assert studylib.with_baseline(cfg, None) is cfg
+    studylib.set_study_attr(st, studylib.BASELINE_ATTR, {"ttft_p95_ms": [400.0, 2]})  # trial 0 failed
+    bound = studylib.with_baseline(cfg, studylib.study_attr(st, studylib.BASELINE_ATTR))
+    assert studylib.unresolved(bound) == [] and cfg.constraints[1].factor == 1.5
+    [c] = [c for c in bound.constraints if c.factor is not None]
+    assert (str(c), c.bound, c.describe()) == (rel, 600.0, f"{rel} (= 600)")
+    values = studylib.constraint_values(bound, {"ttft_p95_ms": 660.0, "ppl_delta_pct": 0.0})
+    assert values[rel] == pytest.approx(0.1)
+    t = st.ask()
+    rec = studylib.tell(st, t, bound, {}, _ok(t.number, 90.0, 590.0))
+    assert rec.feasible and rec.violations[rel] == pytest.approx(-10 / 600)
+    assert studylib.with_baseline(bound, {"ttft_p95_ms": [9.0, 5]}) is bound, "a set bound stays"
