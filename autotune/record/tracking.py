@@ -204,7 +204,8 @@ class Tracker:
         if metrics:
             self.client.log_batch(self.parent_id, metrics=metrics)
         h = summary.headroom
-        for key, text in (("headroom", h and h.roofline_words()), ("energy", h and h.energy_words())):
+        for key, text in (("headroom", h and h.roofline_words()), ("energy", h and h.energy_words()),
+                          ("constraints", "; ".join(summary.constraints))):  # a relative bound's number
             if text:  # the sentence, or why the number is unknown
                 self.client.set_tag(self.parent_id, key, text[:5000])
         for f in files:

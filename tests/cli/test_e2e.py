@@ -30,8 +30,9 @@ SMALL = [
     "conf=local_cpu", "study.n_trials=4", "quality.n_tokens=128", "workload.max_tokens=24",
     "workload.repeats=1", "select.top_k=2", "select.rerun_repeats=1",
     # a TTFT bound no trial breaks even on a shared 2-core box (the baseline's p95 passed 5 s
-    # there): an infeasible baseline is never re-measured, and the checks below need it to be
-    'constraints=["ppl_delta_pct <= 50", "ttft_p95_ms <= 20000"]',
+    # there): an infeasible baseline is never re-measured, and the checks below need it to be;
+    # relative to trial 0's, as the default preset's is
+    'constraints=["ppl_delta_pct <= 50", "ttft_p95_ms <= 20x baseline"]',
 ]
 
 
@@ -121,6 +122,10 @@ def test_mlflow_runs_match_the_optuna_trials(study):
         if t.user_attrs["kind"] == "launched":  # refused and repeated proposals never ran
             assert any(a.path == "trial.log" for a in client.list_artifacts(run.info.run_id))
     assert client.get_run(parent).info.status == "FINISHED"
+    base = st.user_attrs["relative_baseline"]["ttft_p95_ms"]  # [value, trial]: trial 0 measured it
+    bound = f"ttft_p95_ms <= 20x baseline (= {20 * base[0]:.4g})"
+    assert base[1] == 0 and base[0] == st.trials[0].user_attrs["metrics"]["ttft_p95_ms"]
+    assert client.get_run(parent).data.tags["constraints"] == f"ppl_delta_pct <= 50; {bound}"
     names = {a.path for a in client.list_artifacts(parent)}
     assert {"config.yaml", "space.txt", "pareto.json", "summary.json", "report"} <= names  # report/ after the run
 
