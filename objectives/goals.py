@@ -49,7 +49,7 @@ class Constraint:
         return value - self.bound if self.op == "<=" else self.bound - value
 
     def describe(self) -> str:
-        """For people: ``ttft_p95_ms <= 1.5x baseline (= 686 ms)`` once the bound is known."""
+        """For people: ``ttft_p95_ms <= 1.5x baseline (= 686)`` once the bound is known."""
         if self.factor is None or not self.known:
             return str(self)
         return f"{self} (= {self.bound:.4g})"

@@ -393,4 +393,3 @@ def _check_satisfiable(constraints: list[Constraint], raw: list) -> None:
                 unit = "" if absolute else "x baseline"
                 raise ConfigError("constraints", raw, f"no value of {metric} is both >= {lower:g}{unit} "
                                   f"and <= {upper:g}{unit}; relax one bound")
-

@@ -375,9 +375,9 @@ class Driver:
                   if isinstance(metrics.get(m), (int, float)) and math.isfinite(metrics[m])}
         if not values:
             return
-        values = {**(studylib.study_attr(study, studylib.BASELINE_ATTR) or {}), **values}
-        studylib.set_study_attr(study, studylib.BASELINE_ATTR, values)
         self.bind(study, studylib.with_baseline(self.cfg, values))
+        studylib.set_study_attr(study, studylib.BASELINE_ATTR,
+                                {**(studylib.study_attr(study, studylib.BASELINE_ATTR) or {}), **values})
         set_now = [c.describe() for c in self.cfg.constraints if c.factor is not None and c.metric in values]
         self.report.note(f"bounds relative to trial #{number}'s measurement: {', '.join(set_now)}")
 
