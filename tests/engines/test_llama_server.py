@@ -72,6 +72,26 @@ def test_build_cli_says_in_one_line_what_is_missing(tmp_path: Path) -> None:
                                 "(g++ or clang++), a C compiler (gcc or clang)"), p.stderr
 
 
+@pytest.mark.skipif(build.missing_tools() != [], reason="needs cmake and the compilers")
+def test_a_build_says_in_a_line_what_it_does_where_no_progress_bar_is_drawn(tmp_path: Path) -> None:
+    """The first llama_server study on a fresh cache builds the server for minutes: with output
+    to a file (no bar drawn), a line says so and where the log is. Real cmake on a source tree
+    that fails at once; the error names the log."""
+    src = tmp_path / "cache" / "llama-server" / f"src-{build.llama_cpp_version()}" / "llama.cpp"
+    src.mkdir(parents=True)
+    (src / "CMakeLists.txt").write_text('cmake_minimum_required(VERSION 3.14)\n'
+                                        'message(FATAL_ERROR "broken on purpose")\n')
+    env = {**os.environ, "AUTOTUNE_CACHE": str(tmp_path / "cache")}
+    p = subprocess.run([sys.executable, "-m", "autotune.engines.llama_server.build"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2, p.stdout + p.stderr
+    said = " ".join(p.stdout.split())
+    assert said.startswith(f"building llama-server and llama-bench {build.llama_cpp_version()} from "
+                           "source, once per version and build options"), p.stdout
+    log = said.split("log: ")[-1]
+    assert "broken on purpose" in Path(log).read_text() and log in p.stderr, p.stderr
+
+
 def test_a_configured_binary_that_does_not_exist_is_refused(tmp_path: Path) -> None:
     with pytest.raises(build.BuildError, match="not an executable file"):
         build.ensure_binary(str(tmp_path / "nope"))

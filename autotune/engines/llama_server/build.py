@@ -207,6 +207,10 @@ def build(force: bool = False, show: bool = True, jobs: int | None = None) -> Pa
     from rich.progress import Progress
 
     with Progress(disable=not show, transient=True) as bar:
+        if show:  # a line also where no progress bar is drawn (output to a file or a pipe)
+            bar.console.print(f"building llama-server and llama-bench {version} from source, once per "
+                              f"version and build options ({os.cpu_count() or 1} cores: several "
+                              f"minutes on 2); log: {log}", soft_wrap=True)
         task = bar.add_task(f"building llama-server ({version}, {'CUDA' if cuda else 'CPU'})", total=100)
         _run_build(["cmake", "-S", str(src), "-B", str(work), *args], log, None)
         _run_build(["cmake", "--build", str(work), "--target", *TARGETS, "-j",
