@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -325,3 +326,42 @@ def test_the_servers_own_buffer_sizes_are_read_from_its_log() -> None:
     assert server_buffers(log) == {"CUDA0 model": 133.43, "CPU_Mapped model": 16.0, "CUDA0 KV": 64.0,
                                    "CUDA_Host output": 0.98, "CUDA0 compute": 302.0}
     assert server_buffers("no buffers here") == {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", [{}, {"parallel": 2}, {"parallel": 2, "fit": "off"},
+                                    {"parallel": 2, "ctx_size": 4096, "ubatch_size": 128, "fit": "off"},
+                                    {"parallel": 1, "ctx_size": 1024}])
+def test_the_kv_cache_predicted_is_what_the_real_server_allocates(binary: Path, gemma_path: Path,
+                                                                  params: dict) -> None:
+    """gemma-3's sliding-window layers hold a window, not the context, and the server's slots
+    (one unified cache for --parallel -1, a stream each otherwise) size the cache: the prediction
+    reads the same MiB as llama-server's own log (-lv 4), where it once counted 576 MiB for
+    133.5 (the serving study's memory error, 73%). With ``--fit on`` (the default) a context
+    of 0 gives each of two slots the model's 32768; ``--fit off`` splits it."""
+    from autotune.engines._openai_stream import free_port
+    from autotune.engines.llama_server.predict import kv_layout
+    from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
+    from autotune.engines.llamacpp.predict import kv_layout as binding_layout
+
+    model = str(gemma_path)
+    argv = server_argv(str(binary), model, params, free_port(), extra=["-lv", "4", "-t", "1"])
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if "model loaded" in line or "listening on" in line:
+                break
+    finally:  # its log is a pipe no one reads any more: a SIGTERM could wait on a full pipe
+        os.killpg(proc.pid, 9)
+        proc.wait(timeout=20)
+    said = sum(float(m) for m in re.findall(r"llama_kv_cache: size =\s*([\d.]+) MiB", "".join(lines)))
+    assert said > 0, "".join(lines[-30:])
+    q = {"n_ctx": params.get("ctx_size", 0), "n_ubatch": params.get("ubatch_size", 512),
+         **kv_layout(params)}  # what predict_llama_server hands the binding's estimate
+    est = estimate_llamacpp_mb(model, q["n_ctx"], n_ubatch=q["n_ubatch"], **binding_layout(q))
+    assert est["kv_mb"] == pytest.approx(said, rel=0.01), (params, est["kv_mb"], said, [
+        x for x in lines if "n_ctx" in x or "llama_kv_cache" in x or "n_seq" in x])
+

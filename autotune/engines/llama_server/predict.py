@@ -3,6 +3,9 @@
 The server's knobs are renamed to the binding's (``ctx_size`` -> ``n_ctx``, ``cache_type_k``
 -> ``type_k``, ...); ``n_gpu_layers`` ``auto``/``all`` count as all layers when GPUs are
 declared in ``engine.settings.gpus`` and as none otherwise (a CPU build offloads nothing).
+The KV cache is sized as the server allocates it: ``--parallel`` slots (-1: 4 in one unified
+cache), ``--kv-unified``, and sliding-window layers holding a window, not the context, unless
+``--swa-full`` (:func:`~autotune.engines.llamacpp.gguf_memory.kv_cells`).
 """
 
 from __future__ import annotations
@@ -31,4 +34,15 @@ def predict_llama_server(p: dict, settings: dict, variants: dict) -> Prediction:
     q = {RENAMES.get(k, k): v for k, v in p.items()}
     q["n_gpu_layers"] = gpu_layers(p.get("n_gpu_layers"), settings)
     q["draft"] = "none"
-    return predict_llamacpp(q, settings, variants)
+    return predict_llamacpp({**q, **kv_layout(p)}, settings, variants)
+
+
+def kv_layout(p: dict) -> dict:
+    """How the server lays out its KV cache for knobs ``p``: ``n_seq`` slots (``--parallel``;
+    -1 is 4), ``kv_unified`` (``--kv-unified``; by default on exactly when ``--parallel`` is
+    -1), ``swa_full`` (``--swa-full``, off by default) and ``fit`` (``--fit``: on by default,
+    when it gives each slot the training context for ``--ctx-size 0``)."""
+    slots = int(p["parallel"]) if p.get("parallel") is not None else -1
+    return {"n_seq": 4 if slots < 0 else max(slots, 1),
+            "kv_unified": bool(p["kv_unified"]) if p.get("kv_unified") is not None else slots < 0,
+            "swa_full": bool(p.get("swa_full", False)), "fit": p.get("fit", "on")}

@@ -190,6 +190,7 @@ def _gguf_shape(model_path: str, _size: int, _mtime_ns: int) -> dict:
         "value_length": int(get("attention.value_length", head_dim)),
         "n_vocab": int(n_vocab),
         "n_ctx_train": int(get("context_length", 0)),
+        **_sliding_window(meta, arch, int(get("block_count"))),
         "expert_count": int(get("expert_count", 0) or 0),
         "expert_used_count": int(get("expert_used_count", 0) or 0),
         # the stacked expert weights (``blk.N.ffn_*_exps``), from the tensor table (MoE only)
@@ -198,15 +199,66 @@ def _gguf_shape(model_path: str, _size: int, _mtime_ns: int) -> dict:
     }
 
 
-def kv_cache_mb(shape: dict, n_ctx: int, type_k: str, type_v: str) -> float:
-    """Size of the KV cache in MiB for ``n_ctx`` cells of every layer."""
+# Sliding-window attention: every n-th layer attends to the whole context, the others to the
+# last ``{arch}.attention.sliding_window`` tokens. llama.cpp reads the pattern from
+# ``{arch}.attention.sliding_window_pattern`` when the file has it, else from its own table
+# (src/models/<arch>.cpp: ``load_swa_pattern(ml, n)``; layer il is SWA when il % n < n - 1).
+# An architecture not here is sized as if every layer were global (an overestimate).
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "cohere2": 4, "gpt-oss": 2}
+SWA_PAD = 256  # llama.cpp pads the SWA cache to 256 cells (llama-kv-cache-iswa.cpp)
+
+
+def _sliding_window(meta: dict, arch: str, n_layers: int) -> dict:
+    """``n_swa`` (the window, 0: none) and ``swa_layers`` (how many layers use it)."""
+    n_swa = meta.get(f"{arch}.attention.sliding_window", 0)
+    n_swa = int(max(n_swa) if isinstance(n_swa, list) else n_swa or 0)
+    pattern = meta.get(f"{arch}.attention.sliding_window_pattern", SWA_PATTERN.get(arch))
+    if n_swa and isinstance(pattern, list):  # a flag per layer
+        return {"n_swa": n_swa, "swa_layers": sum(map(bool, pattern[:n_layers]))}
+    if not n_swa or type(pattern) is not int or pattern <= 0:  # (an ArrayLen is a skipped array)
+        return {"n_swa": 0, "swa_layers": 0}
+    return {"n_swa": n_swa, "swa_layers": sum(il % pattern < pattern - 1 for il in range(n_layers))}
+
+
+def kv_cells(shape: dict, n_ctx: int, n_seq: int = 1, unified: bool = True, swa_full: bool = True,
+             n_ubatch: int = 512, ctx_each: bool = True) -> tuple[int, int]:
+    """(cells of a global layer, cells of a sliding-window layer) as llama.cpp allocates them
+    for ``n_ctx`` (0: the training context) and ``n_seq`` sequences (llama-server's slots).
+
+    A unified cache (``--kv-unified``; what llama-server's ``--parallel -1`` picks) is one
+    stream of ``n_ctx`` cells; otherwise each of the ``n_seq`` streams holds ``n_ctx / n_seq``
+    (when ``n_ctx`` is 0: the training context each if ``ctx_each``, llama-server's ``--fit on``,
+    else a share of it). A sliding-window layer holds
+    ``min(per stream, n_swa x (n_seq if unified else 1) + n_ubatch)`` cells, padded to 256,
+    unless ``swa_full`` (llama-cpp-python's default; llama-server's ``--swa-full``).
+    Checked against llama-server's own log on gemma-3 270M (tests/engines/test_llama_server.py).
+    """
+    n_seq = max(int(n_seq), 1)
+    streams = 1 if unified else n_seq
+    per_stream = n_ctx or shape["n_ctx_train"]
+    if not unified and (n_ctx or not ctx_each):
+        per_stream //= n_seq
+    full = per_stream * streams
+    if swa_full or not shape.get("n_swa"):
+        return full, full
+    window = min(per_stream, shape["n_swa"] * (n_seq if unified else 1) + n_ubatch)
+    return full, -(-window // SWA_PAD) * SWA_PAD * streams
+
+
+def kv_cache_mb(shape: dict, n_ctx: int, type_k: str, type_v: str, *, n_seq: int = 1,
+                unified: bool = True, swa_full: bool = True, n_ubatch: int = 512,
+                ctx_each: bool = True) -> float:
+    """Size of the KV cache in MiB (:func:`kv_cells` per layer; every layer at ``n_ctx``
+    cells by default)."""
     for name, t in (("type_k", type_k), ("type_v", type_v)):
         if t not in KV_BYTES:
             raise ValueError(f"{name}={t!r}: expected one of {', '.join(KV_BYTES)}")
     per_cell = shape["n_head_kv"] * (
         shape["key_length"] * KV_BYTES[type_k] + shape["value_length"] * KV_BYTES[type_v]
     )
-    return shape["n_layers"] * n_ctx * per_cell / MIB
+    full, swa = kv_cells(shape, n_ctx, n_seq, unified, swa_full, n_ubatch, ctx_each)
+    n_swa_layers = shape.get("swa_layers", 0)
+    return ((shape["n_layers"] - n_swa_layers) * full + n_swa_layers * swa) * per_cell / MIB
 
 
 def estimate_llamacpp_mb(
@@ -217,6 +269,10 @@ def estimate_llamacpp_mb(
     *,
     n_ubatch: int = 512,
     logits_all: bool = False,
+    n_seq: int = 1,
+    unified: bool = True,
+    swa_full: bool = True,
+    ctx_each: bool = True,
 ) -> dict:
     """Estimate llama.cpp's resident memory (MiB) before loading the model.
 
@@ -227,6 +283,10 @@ def estimate_llamacpp_mb(
         type_v: KV cache value type.
         n_ubatch: physical batch size (sizes the reserved compute buffer).
         logits_all: whether logits are kept for every position (prompt lookup, perplexity).
+        n_seq, unified, swa_full, ctx_each: the KV cache's sequences (llama-server's slots),
+            whether they share one stream, whether sliding-window layers hold the whole context
+            and whether ``n_ctx`` 0 gives each stream the training context (:func:`kv_cells`;
+            the defaults are llama-cpp-python's: one sequence, full size).
 
     Returns:
         ``weights_mb``, ``active_weights_mb`` (what one decoded token reads: the weights less
@@ -234,22 +294,25 @@ def estimate_llamacpp_mb(
         the figure reported as ``mem_estimate_mb``), ``compute_reserved_mb`` (address
         space reserved, mostly not resident) and the architecture numbers used.
     """
-    return dict(_estimate(*_version(model_path), int(n_ctx), type_k, type_v, n_ubatch, logits_all))
+    return dict(_estimate(*_version(model_path), int(n_ctx), type_k, type_v, n_ubatch, logits_all,
+                          max(int(n_seq), 1), bool(unified), bool(swa_full), bool(ctx_each)))
 
 
 @functools.lru_cache(maxsize=4096)
 def _estimate(model_path: str, size: int, mtime_ns: int, n_ctx: int, type_k: str, type_v: str,
-              n_ubatch: int, logits_all: bool) -> dict:
+              n_ubatch: int, logits_all: bool, n_seq: int = 1, unified: bool = True,
+              swa_full: bool = True, ctx_each: bool = True) -> dict:
     """:func:`estimate_llamacpp_mb` of one file version (a pool predicts thousands of
     configurations that differ only in knobs the estimate does not read)."""
     shape = dict(_gguf_shape(model_path, size, mtime_ns))
-    n_ctx = n_ctx or shape["n_ctx_train"]
+    asked, n_ctx = n_ctx, n_ctx or shape["n_ctx_train"]
     weights = size / MIB
     active = weights
     if shape["expert_count"] and shape["expert_used_count"] and shape["expert_bytes"]:
         idle = 1 - min(shape["expert_used_count"], shape["expert_count"]) / shape["expert_count"]
         active = weights - shape["expert_bytes"] * idle / MIB
-    kv = kv_cache_mb(shape, n_ctx, type_k, type_v)
+    kv = kv_cache_mb(shape, asked, type_k, type_v, n_seq=n_seq, unified=unified, swa_full=swa_full,
+                     n_ubatch=n_ubatch, ctx_each=ctx_each)
     rows = n_ctx if logits_all else 1
     logits = 2 * rows * shape["n_vocab"] * 4 / MIB
     compute = min(n_ubatch, n_ctx) * shape["n_vocab"] * 4 / MIB

@@ -57,6 +57,14 @@ def gguf_file(name: str, variants: dict) -> tuple[Path | None, float]:
     return base, want / FTYPE_BPW.get(base_ft, 4.85)
 
 
+def kv_layout(p: dict) -> dict:
+    """The KV cache's sequences, sharing, sliding-window size and share of the training context
+    (``n_seq``, ``unified``, ``swa_full``, ``ctx_each``) where the caller set them (llama-server's
+    slots and ``--fit``); llama-cpp-python's one full-size sequence otherwise (:func:`~autotune.engines.llamacpp.gguf_memory.kv_cells`)."""
+    return {"n_seq": int(p.get("n_seq") or 1), "unified": bool(p.get("kv_unified", True)),
+            "swa_full": bool(p.get("swa_full", True)), "ctx_each": p.get("fit", "on") != "off"}
+
+
 def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
     """RAM (CPU part) and VRAM per GPU (offloaded layers, KV, compute buffer) + decode bound."""
     settings = as_dict(settings)
@@ -68,7 +76,7 @@ def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
         return Prediction()
     est = estimate_llamacpp_mb(path, int(p.get("n_ctx") or 0), p.get("type_k", "f16"),
                                p.get("type_v", "f16"), n_ubatch=int(p.get("n_ubatch") or 512),
-                               logits_all=p.get("draft", "none") != "none")
+                               logits_all=p.get("draft", "none") != "none", **kv_layout(p))
     weights = est["weights_mb"] * factor * MIB / GIB
     kv = est["kv_mb"] * MIB / GIB
     n_layers = est["n_layers"]
@@ -123,7 +131,8 @@ def predict_placed(p: dict, settings: dict, variants: dict) -> Prediction | None
     if not table["moe"]:
         return None
     est = estimate_llamacpp_mb(path, int(p.get("n_ctx") or 0), p.get("type_k", "f16"),
-                               p.get("type_v", "f16"), n_ubatch=int(p.get("n_ubatch") or 512))
+                               p.get("type_v", "f16"), n_ubatch=int(p.get("n_ubatch") or 512),
+                               **kv_layout(p))
     gpus = gpu_table(settings) if int(p.get("n_gpu_layers") or 0) else []
     if int(p.get("n_gpu_layers") or 0) and not gpus:
         return Prediction(reason="n_gpu_layers > 0 but no GPU is known (engine.settings.gpus)")
