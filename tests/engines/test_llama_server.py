@@ -340,9 +340,9 @@ def test_the_kv_cache_predicted_is_what_the_real_server_allocates(binary: Path, 
     133.5 (the serving study's memory error, 73%). With ``--fit on`` (the default) a context
     of 0 gives each of two slots the model's 32768; ``--fit off`` splits it."""
     from autotune.engines._openai_stream import free_port
-    from autotune.engines.llama_server.predict import kv_layout
+    from autotune.engines.llama_server.predict import slot_knobs
     from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
-    from autotune.engines.llamacpp.predict import kv_layout as binding_layout
+    from autotune.engines.llamacpp.predict import kv_layout
 
     model = str(gemma_path)
     argv = server_argv(str(binary), model, params, free_port(), extra=["-lv", "4", "-t", "1"])
@@ -360,8 +360,8 @@ def test_the_kv_cache_predicted_is_what_the_real_server_allocates(binary: Path, 
     said = sum(float(m) for m in re.findall(r"llama_kv_cache: size =\s*([\d.]+) MiB", "".join(lines)))
     assert said > 0, "".join(lines[-30:])
     q = {"n_ctx": params.get("ctx_size", 0), "n_ubatch": params.get("ubatch_size", 512),
-         **kv_layout(params)}  # what predict_llama_server hands the binding's estimate
-    est = estimate_llamacpp_mb(model, q["n_ctx"], n_ubatch=q["n_ubatch"], **binding_layout(q))
+         **slot_knobs(params)}  # what predict_llama_server hands the binding's estimate
+    est = estimate_llamacpp_mb(model, q["n_ctx"], n_ubatch=q["n_ubatch"], **kv_layout(q))
     assert est["kv_mb"] == pytest.approx(said, rel=0.01), (params, est["kv_mb"], said, [
         x for x in lines if "n_ctx" in x or "llama_kv_cache" in x or "n_seq" in x])
 

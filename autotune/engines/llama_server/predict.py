@@ -34,10 +34,10 @@ def predict_llama_server(p: dict, settings: dict, variants: dict) -> Prediction:
     q = {RENAMES.get(k, k): v for k, v in p.items()}
     q["n_gpu_layers"] = gpu_layers(p.get("n_gpu_layers"), settings)
     q["draft"] = "none"
-    return predict_llamacpp({**q, **kv_layout(p)}, settings, variants)
+    return predict_llamacpp({**q, **slot_knobs(p)}, settings, variants)
 
 
-def kv_layout(p: dict) -> dict:
+def slot_knobs(p: dict) -> dict:
     """How the server lays out its KV cache for knobs ``p``: ``n_seq`` slots (``--parallel``;
     -1 is 4), ``kv_unified`` (``--kv-unified``; by default on exactly when ``--parallel`` is
     -1), ``swa_full`` (``--swa-full``, off by default) and ``fit`` (``--fit``: on by default,
