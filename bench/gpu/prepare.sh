@@ -5,7 +5,7 @@
 #   tabbyAPI-exl2/  its exl2-checkpoint branch (TabbyAPI's last exllamav2 version)
 #   wheels/     every wheel that machine lacks (fetch_wheels.sh; rewrites bench/gpu/carry.json)
 #   llama.cpp/  llama.cpp from llama-cpp-python's sdist, trimmed to the llama-server build
-#   gguf/       a tiny Llama GGUF that llama.cpp loads
+#   gguf/       a tiny Llama GGUF and a tiny MoE GGUF that llama.cpp loads
 # The lock's closure is checked as it is written (fetch_wheels.sh exits 2 on a gap); then the
 # venv check (bench.gpu.kit.venv_check): TabbyAPI's and the carried wheels' modules import in a
 # clean Python 3.12 venv made only of the carried wheels and the machine's packages (torch

@@ -44,6 +44,8 @@ def test_cases_cover_the_issue_matrix() -> None:
     lp = [c.params for c in llama]
     assert {p["n_gpu_layers"] for p in lp} == {"all", "2"} and {p["flash_attn"] for p in lp} == {"on", "off"}
     assert any(p.get("cache_type_k") == "q8_0" for p in lp) and {p.get("parallel") for p in lp} == {None, 1, 4}
+    moe = [c for c in llama if c.params["model"] == "moe"]  # issue 44: experts of 0, half, all layers in RAM
+    assert [c.params["n_cpu_moe"] for c in moe] == [0, 2, 4] and {c.params["n_gpu_layers"] for c in moe} == {"all"}
 
 
 @pytest.mark.parametrize("case", exl2_cases([4.0, 6.0], 24.0) + llamacpp_cases(), ids=lambda c: c.name)

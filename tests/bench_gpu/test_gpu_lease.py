@@ -130,7 +130,7 @@ def test_the_whole_lease_as_a_dry_run_on_cpu(tmp_path: Path) -> None:
                           env={**os.environ, "OUT": str(out), "LEASE_WORK": str(work)})
     text = done.stdout + done.stderr
     assert done.returncode == 0, text[-3000:]
-    assert ("plan: exl3 (5 unverified); tabby (1 unverified); llamacpp (6 unverified); exl2 (1 unverified); "
+    assert ("plan: exl3 (5 unverified); tabby (1 unverified); llamacpp (9 unverified); exl2 (1 unverified); "
             "tabby-exl2 (1 unverified)") in text
     for step in ("exl3", "llamacpp", "exl2"):
         assert f"skipped on CPU: {step}'s stages" in text
@@ -164,6 +164,43 @@ def test_a_llama_cpp_row_runs_through_the_llama_server_engine(tmp_path: Path) ->
     assert argv[argv.index("--cache-type-k") + 1] == "q8_0" and "-lv" in argv
     assert any(k.endswith(" KV") for k in raw["info"]["server_buffers_mib"])
     assert row.reason.startswith("server buffers MiB: ")
+
+
+def test_the_moe_rows_run_through_the_llama_server_engine_with_the_prediction_beside(tmp_path: Path) -> None:
+    """Issue 44's GPU rows, here on the CPU build: the tiny MoE with the experts of 0, 2 and 4
+    of its layers kept in RAM. Each row runs, asked for ``--n-cpu-moe N`` (none for 0, the
+    server's default), and carries the
+    tensor table's GPU share, which falls by one layer's experts per layer moved; on CPU the
+    server's whole model is one host buffer of the file's tensors."""
+    pytest.importorskip("gguf")
+    from autotune.engines.llama_server.build import find_binary
+    from autotune.engines.llamacpp.moe import layer_table
+    from autotune.tools.make_tiny_moe import write_moe_gguf
+    from bench.gpu.kit.check import moe_cases
+    from bench.gpu.kit.check import run_case
+    from bench.gpu.kit.llama import register_gguf
+
+    binary = find_binary()
+    if binary is None:
+        pytest.skip("no llama-server: run `python -m autotune.engines.llama_server.build`")
+    moe = write_moe_gguf(tmp_path / "tiny-moe.gguf")
+    register_gguf(tmp_path, tmp_path / "absent.gguf", moe)
+    variants = json.loads((tmp_path / "variants.json").read_text())
+    assert variants == {"moe": {"path": str(moe)}}
+    table = layer_table(moe)
+    rows = [run_case(c, variants, tmp_path, 8, 120, {}, i) for i, c in enumerate(moe_cases(str(binary)))]
+    predicted = [raw["predicted_gpu_model_mib"] for _, raw in rows]
+    for (row, raw), n in zip(rows, (0, 2, 4), strict=True):
+        assert row.status == "ok" and row.decode_tps > 0, raw
+        argv = raw["info"]["server_argv"]
+        assert (argv[argv.index("--n-cpu-moe") + 1] == str(n)) if n else "--n-cpu-moe" not in argv  # 0: default
+        assert row.reason.startswith("server buffers MiB: ") and "predicted GPU model" in row.reason
+        host = sum(v for k, v in raw["info"]["server_buffers_mib"].items() if k.endswith(" model"))
+        assert host == pytest.approx(moe.stat().st_size / 2**20, rel=0.05)
+    per_layer = table["experts"][0] / 2**20
+    assert predicted[0] - predicted[1] == pytest.approx(2 * per_layer, abs=0.01)
+    assert predicted[1] - predicted[2] == pytest.approx(2 * per_layer, abs=0.01)
+    assert predicted[2] == pytest.approx((sum(table["dense"]) + table["output"]) / 2**20, abs=0.01)
 
 
 def test_exl2_checkpoint_is_known_to_refuse_a_cuda_13_torch() -> None:

@@ -31,6 +31,7 @@ import time
 from dataclasses import asdict
 from dataclasses import dataclass
 from dataclasses import field
+from dataclasses import replace
 from pathlib import Path
 
 from autotune._files import write_atomic
@@ -126,7 +127,34 @@ def llamacpp_cases(binary: str = "llama-server") -> list[Case]:
                                                         "cache_type_v": "q8_0"}, settings),
         Case("llama.cpp parallel 1 x4", "llama_server", {**base, "parallel": 1}, settings, concurrency=4),
         Case("llama.cpp parallel 4 x4", "llama_server", {**base, "parallel": 4}, settings, concurrency=4),
+        *moe_cases(binary),
     ]
+
+
+def moe_cases(binary: str = "llama-server", n_layers: int = 4) -> list[Case]:
+    """Issue 44's GPU rows: the carried tiny MoE (variant ``moe``: :mod:`autotune.tools.make_tiny_moe`,
+    4 layers of 8 experts) with every layer on the GPU and the experts of none, half and all of
+    its layers kept in RAM (``--n-cpu-moe`` 0, 2, 4). The server's CUDA0 model buffer must fall
+    as the tensor table predicts (:func:`predicted_gpu_mib`, written beside it in each row)."""
+    base = {"model": "moe", "n_gpu_layers": "all", "ctx_size": 2048, "flash_attn": "off"}
+    settings = {"binary": binary, "extra_args": ["-lv", "4"]}
+    return [Case(f"llama.cpp MoE n_cpu_moe {n}", "llama_server", {**base, "n_cpu_moe": n}, settings)
+            for n in (0, n_layers // 2, n_layers)]
+
+
+def predicted_gpu_mib(case: Case, variants: dict) -> float | None:
+    """The model bytes the tensor table puts on GPU 0 for a llama_server case (MiB), or None
+    when the case's model file is not here or it is not a llama_server case."""
+    path = (variants.get(str(case.params.get("model"))) or {}).get("path")
+    if case.engine != "llama_server" or not path or not Path(path).is_file():
+        return None
+    from autotune.engines.llama_server.predict import gpu_layers
+    from autotune.engines.llamacpp.moe import layer_table
+    from autotune.engines.llamacpp.moe import place
+
+    one_gpu = {"gpus": [{"index": 0}]}  # "all" is every layer where a GPU is declared
+    p = {**case.params, "n_gpu_layers": gpu_layers(case.params.get("n_gpu_layers", "all"), one_gpu)}
+    return place(layer_table(path), p, 1)["held"][1] / 2**20
 
 
 def make_spec(number: int, case: Case, variants: dict, workdir: Path, max_tokens: int, timeout_s: float) -> TrialSpec:
@@ -291,8 +319,14 @@ def run_case(case: Case, variants: dict, work: Path, max_tokens: int, timeout_s:
         return Row(case.name, case.engine, "skipped", reason=why), {}
     t0 = time.monotonic()
     result = run_trial(make_spec(number, case, variants, work, max_tokens, timeout_s))
-    return row_of(case, result), {"case": asdict(case), "status": result.status, "reason": result.reason,
-                                  "metrics": result.metrics, "info": result.info, "wall_s": time.monotonic() - t0}
+    raw = {"case": asdict(case), "status": result.status, "reason": result.reason, "metrics": result.metrics,
+           "info": result.info, "wall_s": time.monotonic() - t0}
+    row = row_of(case, result)
+    predicted = predicted_gpu_mib(case, variants) if "n_cpu_moe" in case.params else None
+    if predicted is not None:
+        raw["predicted_gpu_model_mib"] = round(predicted, 3)
+        row = replace(row, reason=f"{row.reason}; predicted GPU model {predicted:.2f}".lstrip("; "))
+    return row, raw
 
 
 def _missing_variant(case: Case, variants: dict) -> str:

@@ -7,7 +7,8 @@ GPU's architecture only (``nvidia-smi``'s compute capability: 9.0 -> ``90``), so
 one architecture, not every one. ninja-less cmake resumes a build a killed command left half
 done; ``autotune doctor``'s llama-server line for the build (it must say CUDA) is kept in
 ``llama.json``. The tiny GGUF (``bench/gpu/gguf/tiny-f16.gguf``) becomes variant ``gg`` of the rows
-(:func:`bench.gpu.kit.check.llamacpp_cases`), run by the ``llama_server`` engine.
+(:func:`bench.gpu.kit.check.llamacpp_cases`), the tiny MoE (``tiny-moe.gguf``) variant ``moe``
+(:func:`bench.gpu.kit.check.moe_cases`), run by the ``llama_server`` engine.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from bench.gpu.kit.stages import load_json
 
 SOURCE = ROOT / "bench" / "gpu" / "llama.cpp"
 GGUF = ROOT / "bench" / "gpu" / "gguf" / "tiny-f16.gguf"
+MOE_GGUF = ROOT / "bench" / "gpu" / "gguf" / "tiny-moe.gguf"  # autotune.tools.make_tiny_moe
 
 
 def binary(work: Path) -> Path:
@@ -91,12 +93,11 @@ def doctor_line(work: Path) -> str:
     return line
 
 
-def register_gguf(work: Path, gguf: Path = GGUF) -> bool:
-    """Add the carried tiny GGUF to the rows' variants as ``gg``; False when it was not carried."""
-    if not gguf.is_file():
-        return False
+def register_gguf(work: Path, gguf: Path = GGUF, moe: Path = MOE_GGUF) -> bool:
+    """Add the carried tiny GGUFs to the rows' variants: the dense one as ``gg``, the MoE as
+    ``moe``; False when the dense one was not carried (a missing one's rows say so)."""
     path = work / "variants.json"
     variants = load_json(path, {})
-    variants["gg"] = {"path": str(gguf)}
+    variants.update({name: {"path": str(f)} for name, f in (("gg", gguf), ("moe", moe)) if f.is_file()})
     write_atomic(path, json.dumps(variants, indent=1))
-    return True
+    return gguf.is_file()

@@ -13,7 +13,10 @@ All of it goes into git-ignored folders under ``bench/gpu/`` and travels with a 
 ``gguf``       a tiny Llama GGUF (4 layers, hidden 256, f16, its own BPE vocabulary and a chat
                template) written with the ``gguf`` package into ``bench/gpu/gguf/``
                (:func:`write_tiny_gguf`): llama.cpp's converter refuses the tiny tokenizer
-               ("BPE pre-tokenizer was not recognized"), and no torch is needed this way.
+               ("BPE pre-tokenizer was not recognized"), and no torch is needed this way;
+               beside it ``tiny-moe.gguf``, the tests' tiny Mixture-of-Experts
+               (:mod:`autotune.tools.make_tiny_moe`: 4 layers of 8 experts), for issue 44's
+               ``--n-cpu-moe`` rows.
 """
 
 from __future__ import annotations
@@ -178,8 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ll.add_argument("--version", help="llama-cpp-python version (default: the installed one)")
     ll.add_argument("--sdist", help="a downloaded llama-cpp-python sdist (default: pip download)")
     ll.add_argument("--dest", default=str(KIT / "llama.cpp"))
-    gg = sub.add_parser("gguf", help="the tiny GGUF into bench/gpu/gguf/tiny-f16.gguf")
+    gg = sub.add_parser("gguf", help="the tiny GGUFs into bench/gpu/gguf/ (tiny-f16.gguf, tiny-moe.gguf)")
     gg.add_argument("--out", default=str(KIT / "gguf" / "tiny-f16.gguf"))
+    gg.add_argument("--moe-out", default=str(KIT / "gguf" / "tiny-moe.gguf"))
     a = ap.parse_args(argv)
     if a.cmd == "tabby":
         if not Path(a.src).exists():
@@ -195,8 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         size = llama_source(ver, Path(a.dest), Path(a.sdist) if a.sdist else None)
         print(f"llama.cpp of llama-cpp-python {ver}: {size / 2**20:.1f} MiB -> {a.dest}")
     else:
-        out = write_tiny_gguf(Path(a.out))
-        print(f"{out} ({out.stat().st_size / 2**20:.1f} MiB)")
+        from autotune.tools.make_tiny_moe import write_moe_gguf
+
+        for out in (write_tiny_gguf(Path(a.out)), write_moe_gguf(Path(a.moe_out))):
+            print(f"{out} ({out.stat().st_size / 2**20:.1f} MiB)")
     return 0
 
 
