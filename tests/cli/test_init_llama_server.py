@@ -115,6 +115,19 @@ def test_a_dense_file_gets_no_moe_knob_and_a_cpu_box_no_expert_placement(tmp_pat
     assert "expert placement (n_cpu_moe, cpu_moe) has no effect" in text
 
 
+def test_kv_types_the_models_heads_cannot_take_are_left_out_with_the_reason(tmp_path, tiny_moe) -> None:
+    """The tiny MoE's 16-wide heads take no 32-element quantized KV block (llama.cpp refuses the
+    context): both engines' presets keep f16 only, say why, and their dry runs pass."""
+    for engine, k, v in (("llama_server", "cache_type_k", "cache_type_v"), ("llamacpp", "type_k", "type_v")):
+        proc = run_cli_here(["init", str(tiny_moe), "--engine", engine, "--out", "conf", "--name", engine],
+                            tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        text = (tmp_path / "conf" / f"{engine}.yaml").read_text()
+        assert not {k, v} & set(yaml.safe_load(text)["space"]), engine
+        assert (f"# {k}, {v}: f16 only; q8_0, q4_0 left out: this model's heads (16 wide) are not a "
+                "multiple of llama.cpp's quantized KV block (32)") in text, text
+
+
 def test_two_cards_get_a_tensor_split_by_bytes(a3b_header) -> None:
     """--n-cpu-moe empties the first layers while the default split counts layers: on two
     10 GB cards the first sits nearly empty and the boundary is far out; a split by bytes that

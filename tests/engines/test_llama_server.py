@@ -302,6 +302,19 @@ def test_peers_bench_smoke(binary: Path, gemma) -> None:
         ("error: invalid value for n_parallel\n", "RuntimeError", "invalid value for n_parallel"),
         ("gguf_init_from_file: failed to open GGUF file '/x.gguf' (No such file)\n",
          "RuntimeError", "failed to open GGUF file"),
+        # a configuration llama.cpp refuses is not a memory failure (the tiny MoE's 16-wide heads,
+        # vendored llama.cpp's log as it is)
+        ("0.00.011.048 E llama_init_from_model: V cache type q8_0 with block size 32 does not divide "
+         "n_embd_head_v=16\n0.00.011.428 E common_fit_params: encountered an error while trying to fit "
+         "params to free device memory: failed to create llama_context from model\n"
+         "0.00.013.424 E cmn  common_init_: failed to create context with model '/m/bloom-moe.gguf'\n"
+         "0.00.014.020 E srv  llama_server: exiting due to model loading error\n", "InfeasibleConfig",
+         "refused the configuration: llama_init_from_model: V cache type q8_0 with block size 32 "
+         "does not divide n_embd_head_v=16"),
+        ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB on device 0: cudaMalloc "
+         "failed: out of memory\nllama_init_from_model: failed to initialize the context: failed to "
+         "allocate buffer for kv cache\ncommon_init_: failed to create context with model\n",
+         "InfeasibleConfig", "ran out of memory: ggml_backend_cuda_buffer_type_alloc_buffer"),
     ],
 )
 def test_startup_failures_are_classified_from_the_servers_log(tmp_path: Path, log: str,

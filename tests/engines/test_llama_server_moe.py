@@ -28,6 +28,7 @@ from autotune.engines.llamacpp.server_flags import argv_reasons
 from autotune.engines.llamacpp.server_flags import load as load_flag_table
 from autotune.engines.predict import GIB
 from autotune.engines.predict import GPU_OVERHEAD_GB
+from autotune.errors import InfeasibleConfig
 
 GPU = {"name": "RTX 4090", "memory_gb": 24, "bandwidth_gbps": 1008}
 RAM_GBPS = 80.0
@@ -219,5 +220,35 @@ def test_the_real_server_serves_the_tiny_moe_with_the_new_flags(
         assert gen.output_tokens == 8
         log = engine.log_path.read_text(errors="replace")
         assert "tensor overrides to CPU are used" in log, log[-2000:]  # the experts' placement
+    finally:
+        engine.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("params", "refused"), [
+    ({"cache_type_v": "q8_0"}, "V cache type q8_0 (blocks of 32) does not divide this model's head size 16"),
+    ({"cache_type_k": "q4_0", "flash_attn": "on"}, "K cache type q4_0 (blocks of 32)"),
+    ({"cache_type_k": "q8_0", "flash_attn": "off"}, None),  # no block rule without flash attention
+])
+def test_a_kv_type_the_heads_cannot_take_is_refused_before_launch_as_the_server_refuses_it(
+        binary: Path, tiny_moe: Path, tmp_path: Path, params: dict, refused: str | None) -> None:
+    """The tiny MoE's heads are 16 wide; llama.cpp's quantized KV blocks are 32 (seen in a
+    newcomer's `init` + `run` on it: every q8_0 trial failed and was filed as out of memory)."""
+    from autotune.search.memory import is_oom
+
+    variants = {"m": {"path": str(tiny_moe)}}
+    pred = LlamaServerEngine.predict({"model": "m", **params}, {}, variants)
+    assert (pred.fits is False) == (refused is not None) and (refused or "") in pred.reason
+    engine = LlamaServerEngine({"ctx_size": 512, "parallel": 1, "threads": 1}, variants,
+                               {"model": "m", **params}, tmp_path / "t")
+    try:
+        if refused is None:
+            engine.start()
+            assert engine.generate("the the the", 4).output_tokens == 4
+        else:
+            with pytest.raises(InfeasibleConfig) as err:
+                engine.start()
+            assert "refused the configuration" in str(err.value) and "does not divide" in str(err.value)
+            assert not is_oom(str(err.value))
     finally:
         engine.stop()

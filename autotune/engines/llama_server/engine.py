@@ -49,12 +49,29 @@ from autotune.engines.variants import resolve_variant
 from autotune.engines.variants import validate_variants
 from autotune.errors import InfeasibleConfig
 
-OOM = re.compile(r"out of memory|failed to allocate|cannot allocate|bad_alloc|"
-                 r"unable to allocate|failed to create context|OOM", re.I)
+# an allocation that failed (ggml-cuda's "cudaMalloc failed: out of memory", ggml's "insufficient
+# memory", "failed to allocate buffer for kv cache"); "OOM" as a word, so a path holding "bloom" is not one
+OOM = re.compile(r"(?i:out of memory|failed to allocate|cannot allocate|bad_alloc|unable to allocate|"
+                 r"insufficient memory)|\bOOM\b")
+# llama.cpp refused the context; with no failed allocation beside it, the configuration is the
+# cause, named by the error line before it ("V cache type q8_0 with block size 32 does not
+# divide n_embd_head_v=16", "quantized V cache requires flash_attn to be enabled")
+NO_CONTEXT = re.compile(r"failed to create[ _]context|failed to create llama_context", re.I)
+LOG_ERROR = re.compile(r"^[\d.]+ E (?:\w+\s+)?(.*)$")  # llama.cpp's "0.00.011.048 E llama_init_from_model: ..."
 ERROR_LINE = re.compile(r"error|invalid|failed|unknown|not found|no such", re.I)
 # llama.cpp's load log: "load_tensors:        CUDA0 model buffer size =   133.43 MiB" (also KV,
 # compute, output; CPU, CPU_Mapped, CUDA_Host for host memory)
 BUFFER = re.compile(r"\s(\S+)\s+(model|KV|compute|output) buffer size =\s*([\d.]+) MiB")
+
+
+def refusal_cause(log: str) -> str:
+    """The error line that made llama.cpp refuse the context: the last one before the first
+    "failed to create context" that is not itself a consequence (the fit's retry, the refusal)."""
+    lines = log.splitlines()
+    first = next(i for i, x in enumerate(lines) if NO_CONTEXT.search(x))
+    causes = [m.group(1).strip() for x in lines[:first] if (m := LOG_ERROR.match(x.strip()))
+              and not NO_CONTEXT.search(x) and "fit params" not in x]
+    return causes[-1] if causes else lines[first].strip()
 
 
 def server_buffers(log: str) -> dict[str, float]:
@@ -267,6 +284,8 @@ class LlamaServerEngine(GpuSampled, OpenAIServerEngine):
         if OOM.search(text):
             line = next(x for x in text.splitlines() if OOM.search(x))
             return InfeasibleConfig(f"llama-server ran out of memory: {line.strip()}")
+        if NO_CONTEXT.search(text):
+            return InfeasibleConfig(f"llama-server refused the configuration: {refusal_cause(text)}")
         lines = [x.strip() for x in text.splitlines() if ERROR_LINE.search(x)]
         if lines:
             return RuntimeError(f"llama-server failed: {lines[-1]} ({error})"[:600])

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 
 from autotune.engines.llama_server.moe_preset import moe_knobs
+from autotune.engines.llamacpp.gguf_memory import gguf_shape
+from autotune.engines.llamacpp.gguf_memory import kv_types_for
 from autotune.engines.model_files import ModelSet
 from autotune.engines.predict import GPU_OVERHEAD_GB
 from autotune.engines.presets import WORKLOAD
@@ -39,12 +41,16 @@ def llama_server_preset(ms: ModelSet, box: Box, name: str, config_dir: str) -> s
     body.key(2, "flash_attn", {"type": "categorical", "choices": ["auto", "on", "off"]},
              "auto is the default; a quantized V cache needs on or auto (the engine refuses off)")
     body.key(2, "cont_batching", {"type": "bool"}, "on by default: new requests join running slots")
-    kv = ["f16", "q8_0", "q4_0"]
-    body.key(2, "cache_type_k", {"type": "categorical", "choices": kv, "ordered": True},
-             "KV cache types: memory for slots")
-    body.key(2, "cache_type_v", {"type": "categorical", "choices": kv, "ordered": True},
-             "quantized V needs flash_attn")
-    n += 7 + moe_knobs(body, m, list(box.gpus))  # none for a dense model
+    kv, left_out = kv_types_for(gguf_shape(m.path)) if m.path.is_file() else (["f16", "q8_0", "q4_0"], "")
+    if len(kv) > 1:
+        body.key(2, "cache_type_k", {"type": "categorical", "choices": kv, "ordered": True},
+                 "KV cache types: memory for slots" + (f"; {left_out}" if left_out else ""))
+        body.key(2, "cache_type_v", {"type": "categorical", "choices": kv, "ordered": True},
+                 "quantized V needs flash_attn")
+        n += 2
+    else:
+        body.add(f"  # cache_type_k, cache_type_v: f16 only; {left_out}")
+    n += 5 + moe_knobs(body, m, list(box.gpus))  # none for a dense model
     if gpu:
         per_layer = m.size_gb / (m.n_layers + 1)
         room = box.vram_gb - GPU_OVERHEAD_GB * len(box.gpus) - 1.0

@@ -39,6 +39,38 @@ KV_BYTES = {
     "q5_1": 24 / 32,
     "iq4_nl": 18 / 32,
 }
+KV_BLOCK = {t: 32 for t in ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")}  # elements a block
+
+
+def kv_type_refusal(shape: dict, type_k: str, type_v: str, flash_attn_off: bool) -> str | None:
+    """Why llama.cpp refuses these KV cache types on this model, or None.
+
+    ``llama_init_from_model`` (src/llama-context.cpp of the vendored llama.cpp): with flash
+    attention on or auto, a quantized K or V cache whose block (32 elements) does not divide
+    the head size fails the context ("V cache type q8_0 with block size 32 does not divide
+    n_embd_head_v=16"); every real model's heads (64-256) are multiples of 32, tiny test
+    models' need not be. A quantized V cache without flash attention is the engines' own check.
+    """
+    if flash_attn_off:
+        return None
+    for which, kind, size in (("K", type_k, shape["key_length"]), ("V", type_v, shape["value_length"])):
+        block = KV_BLOCK.get(kind)
+        if block and size % block:
+            return (f"{which} cache type {kind} (blocks of {block}) does not divide this model's head "
+                    f"size {size}: llama.cpp refuses the context")
+    return None
+
+
+def kv_types_for(shape: dict, types: tuple[str, ...] = ("f16", "q8_0", "q4_0")) -> tuple[list[str], str]:
+    """The KV cache types of ``types`` llama.cpp takes on this model's heads (with flash
+    attention), and, when some are left out, a line saying why (for ``autotune init``)."""
+    kept = [t for t in types if kv_type_refusal(shape, t, t, False) is None]
+    if len(kept) == len(types):
+        return kept, ""
+    heads = sorted({shape["key_length"], shape["value_length"]})
+    return kept, (f"{', '.join(t for t in types if t not in kept)} left out: this model's heads "
+                  f"({'/'.join(map(str, heads))} wide) are not a multiple of llama.cpp's quantized KV block "
+                  f"({max(KV_BLOCK.values())}), which it refuses")
 
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from autotune.engines.llamacpp.gguf_memory import MIB
 from autotune.engines.llamacpp.gguf_memory import estimate_llamacpp_mb
+from autotune.engines.llamacpp.gguf_memory import gguf_shape
+from autotune.engines.llamacpp.gguf_memory import kv_type_refusal
 from autotune.engines.llamacpp.moe import layer_table
 from autotune.engines.llamacpp.moe import parse_split
 from autotune.engines.llamacpp.moe import place
@@ -68,12 +70,16 @@ def kv_layout(p: dict) -> dict:
 def predict_llamacpp(p: dict, settings: dict, variants: dict) -> Prediction:
     """RAM (CPU part) and VRAM per GPU (offloaded layers, KV, compute buffer) + decode bound."""
     settings = as_dict(settings)
-    placed = predict_placed(p, settings, variants)
-    if placed is not None:
-        return placed
     path, factor = gguf_file(p.get("model", ""), variants)
     if path is None or not path.exists():
         return Prediction()
+    refused = kv_type_refusal(gguf_shape(path), p.get("type_k") or "f16", p.get("type_v") or "f16",
+                              p.get("flash_attn") in (False, "off"))
+    if refused:
+        return Prediction(fits=False, reason=refused)
+    placed = predict_placed(p, settings, variants)
+    if placed is not None:
+        return placed
     est = estimate_llamacpp_mb(path, int(p.get("n_ctx") or 0), p.get("type_k", "f16"),
                                p.get("type_v", "f16"), n_ubatch=int(p.get("n_ubatch") or 512),
                                logits_all=p.get("draft", "none") != "none", **kv_layout(p))

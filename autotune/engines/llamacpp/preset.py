@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from autotune.engines.llamacpp.gguf_memory import gguf_shape
 from autotune.engines.llamacpp.gguf_memory import kv_cache_mb
+from autotune.engines.llamacpp.gguf_memory import kv_types_for
 from autotune.engines.model_files import ModelFile
 from autotune.engines.model_files import ModelSet
 from autotune.engines.predict import GPU_OVERHEAD_GB
@@ -72,13 +73,19 @@ def llamacpp_space(out: Lines, ms: ModelSet, box: Box, shape: dict) -> tuple[int
     out.key(2, "n_ctx", {"type": "categorical", "choices": ctxs},
             f"trained to {m.n_ctx_train}; the smallest that hold the workload and whose f16 KV fits "
             "(a larger context only costs memory: set the one you serve)")
-    out.key(2, "flash_attn", {"type": "bool"}, "needed by a quantized V cache")
-    kv_types = ["f16", "q8_0", "q4_0"]
-    where = "CUDA flash attention runs fast (matched pairs: rule)" if gpu else "the CPU build runs"
-    out.key(2, "type_k", {"type": "categorical", "choices": kv_types, "ordered": True}, f"KV types {where}")
-    out.key(2, "type_v", {"type": "categorical", "choices": kv_types, "ordered": True},
-            "quantized V needs flash_attn (rule)")
-    n += 8
+    kv_types, left_out = kv_types_for(shape)
+    out.key(2, "flash_attn", {"type": "bool"},
+            "needed by a quantized V cache" if len(kv_types) > 1 else "off (the default) or on")
+    if len(kv_types) > 1:
+        where = "CUDA flash attention runs fast (matched pairs: rule)" if gpu else "the CPU build runs"
+        out.key(2, "type_k", {"type": "categorical", "choices": kv_types, "ordered": True},
+                f"KV types {where}" + (f"; {left_out}" if left_out else ""))
+        out.key(2, "type_v", {"type": "categorical", "choices": kv_types, "ordered": True},
+                "quantized V needs flash_attn (rule)")
+        n += 2
+    else:
+        out.add(f"  # type_k, type_v: f16 only; {left_out}")
+    n += 6
     if gpu:
         choices, why = ngl_choices(m, box, kv_at(ctxs[-1]))
         out.key(2, "n_gpu_layers", {"type": "categorical", "choices": choices}, why)
@@ -124,9 +131,11 @@ def llamacpp_preset(ms: ModelSet, box: Box, shape: dict, name: str, config_dir: 
     out.add()
     out.add("rules:")
     out.add('  - {require: "n_ubatch <= n_batch", reason: "n_ubatch must not exceed n_batch"}')
-    out.add('  - {when: "type_v != \'f16\'", require: "flash_attn", reason: "a quantized V cache needs '
-            'flash_attn in llama.cpp"}')
-    if gpu:
+    kv_knobs = len(kv_types_for(shape)[0]) > 1  # else the space has no type_k / type_v
+    if kv_knobs:
+        out.add('  - {when: "type_v != \'f16\'", require: "flash_attn", reason: "a quantized V cache needs '
+                'flash_attn in llama.cpp"}')
+    if gpu and kv_knobs:
         out.add('  - {when: "flash_attn and n_gpu_layers != 0", require: "type_k == type_v", reason: '
                 '"CUDA flash attention has kernels for matched K/V types only"}')
     cons = [("ppl_delta_pct <= 2.0", "at most 2% worse perplexity than the reference")]
