@@ -284,7 +284,12 @@ def enqueue_initial(study: optuna.Study, space: Space, baseline: dict[str, Any],
         full = space.restrict({**baseline, **cfg_params})
         study.enqueue_trial({k: encode(v) for k, v in full.items()}, user_attrs={"role": "enqueued"})
     for params in design:
-        study.enqueue_trial({k: encode(v) for k, v in params.items()}, user_attrs={"role": "design"})
+        enqueue_design(study, params)
+
+
+def enqueue_design(study: optuna.Study, params: dict[str, Any]) -> None:
+    """Queue one startup-design configuration (after whatever is queued)."""
+    study.enqueue_trial({k: encode(v) for k, v in params.items()}, user_attrs={"role": "design"})
 
 
 def requeue_interrupted(study: optuna.Study) -> list[int]:

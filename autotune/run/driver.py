@@ -45,6 +45,7 @@ from autotune.run.clock import Clock
 from autotune.run.headroom import with_roofline
 from autotune.run.launcher import Launcher
 from autotune.run.quality_memo import QualityMemo
+from autotune.search import context
 from autotune.search import trials as trialslib
 from autotune.search.design import FAST_PART
 from autotune.search.design import NO_PRIOR_STARTUP
@@ -295,6 +296,10 @@ class Driver:
         reasons = self.space.violations(params)
         if reasons:
             return self._refuse(study, trial, params, "rule: " + "; ".join(reasons))
+        if trial.user_attrs.get("role") == "design":
+            short = self._short_context(study, trial, params)
+            if short:
+                return short
         pred = self.predict(params)
         if self.cfg.study.precheck and pred.fits is False:
             return self._refuse(study, trial, params, pred.reason or "predicted not to fit")
@@ -319,6 +324,34 @@ class Driver:
             self.report.note(f"  #{trial.number} reuses the quality measured by trial {reuse[0]} "
                              f"(same {', '.join(self.quality.knobs or ())})")
         return None
+
+    def _short_context(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any]) -> str | None:
+        """A queued design point whose context a finished trial's overflow rules out
+        (:mod:`autotune.search.context`; the design was drawn before trial 0 ran): refused, not
+        counted, and queued again with each such context knob raised to the smallest value that
+        holds what the workload needed, so the design still shows the point's other knobs."""
+        failed = [r for r in self.measured.values() if r.status not in ("ok", "stopped")]
+        need = context.limits([(r.params, r.reason) for r in failed])
+        if context.allowed(params, need):
+            return None
+        raised, moves = dict(params), []
+        for knob, n in need.items():
+            value = params.get(knob)
+            if context.allowed({knob: value}, {knob: n}):
+                continue
+            bigger = [v for v in self.space.params[knob].values() or []
+                      if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= n]
+            if not bigger:
+                raised = None
+                break
+            raised[knob] = min(bigger)
+            moves.append(f"{knob}={value} holds less than the {n} tokens a finished trial needed")
+        if raised is None or self.space.violations(raised) or config_key(raised) in self.measured:
+            return self._refuse(study, trial, params, "design point dropped: its context is too small "
+                                "(context rule) and no larger value gives a new valid configuration")
+        studylib.enqueue_design(study, raised)
+        return self._refuse(study, trial, params, "design point moved: " + "; ".join(moves) + " (context "
+                            "rule); queued again with " + ", ".join(f"{k}={raised[k]}" for k in need if k in raised))
 
     def _refuse(self, study: optuna.Study, trial: optuna.Trial, params: dict[str, Any], reason: str) -> str:
         """Tell a proposal that was never started as infeasible (the sampler learns; not counted)."""

@@ -151,3 +151,25 @@ def test_rerunning_the_command_resumes_the_study(study):
     assert sum(t.user_attrs["kind"] == "launched" for t in trials) == 5
     assert sum(t.user_attrs.get("role") == "baseline" for t in trials) == 1
     assert Path(tmp, "studies", "e2e", "pareto.json").exists()
+
+
+@pytest.mark.slow
+def test_a_design_point_whose_context_trial_0_outgrew_is_moved_not_launched(tmp_path, tiny_moe):
+    """The tiny MoE's byte-level vocabulary makes the 'short' prompts 557 tokens: llama-cpp-python's
+    default n_ctx=512 (trial 0) overflows. The startup design was drawn before trial 0 ran; its
+    points at n_ctx=512 are refused (not counted) and queued again at the smallest n_ctx that holds
+    the 621 tokens, so no launch after trial 0 overflows and the design's other knobs still run.
+    (Seen running `init` + `run` on it as a newcomer: 3 of 5 trials spent on n_ctx=512.)"""
+    init = run_cli_here(["init", str(tiny_moe), "--engine", "llamacpp", "--out", "conf", "--name", "moe"], tmp_path)
+    assert init.returncode == 0, init.stdout + init.stderr
+    proc = run_cli_here(["run", "--config-dir", "conf", "conf=moe", "study.n_trials=4", "select.top_k=0"], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    study = optuna.load_study(study_name="moe", storage=f"sqlite:///{tmp_path}/studies/moe/optuna.db")
+    recs = {r.number: r for r in records(study)}
+    assert recs[0].params["n_ctx"] == 512 and "too small for a 557-token prompt" in recs[0].reason
+    moved = [r for r in recs.values() if r.reason.startswith("design point moved")]
+    assert moved and all(r.kind == "rejected" and r.params["n_ctx"] == 512 for r in moved)
+    launched = [r for r in recs.values() if r.kind == "launched" and r.number > 0]
+    assert len(launched) == 3 and all(r.params["n_ctx"] >= 1024 for r in launched)
+    keys = {tuple(sorted((k, v) for k, v in r.params.items() if k != "n_ctx")) for r in launched}
+    assert any(tuple(sorted((k, v) for k, v in r.params.items() if k != "n_ctx")) in keys for r in moved)
