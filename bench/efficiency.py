@@ -152,6 +152,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "nofree": {"memory": {"FREE_AT_START": False}},
     "maximin": {"design": {"SPREAD": "maximin"}},  # no prior: the design's spread points by maximin (before session 24)
     "noctx": {"context": {"CONTEXT": False}},  # a context overflow stays a "does it run" point (before session 25)
+    "nomove": {"context": {"MOVE_DESIGN": False}},  # design points launched at a context already seen too small (before session 30)
 }
 SURFACE_MODULES = ("moe", "models")  # bench/surfaces modules a variant may set (fast mode only)
 CHECKPOINTS = (10, 20, 30)

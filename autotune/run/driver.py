@@ -296,7 +296,7 @@ class Driver:
         reasons = self.space.violations(params)
         if reasons:
             return self._refuse(study, trial, params, "rule: " + "; ".join(reasons))
-        if trial.user_attrs.get("role") == "design":
+        if trialslib.trial_attrs(trial).role == "design" and context.MOVE_DESIGN:
             short = self._short_context(study, trial, params)
             if short:
                 return short

@@ -16,7 +16,8 @@ kernel would otherwise spread it over the neighbouring configurations that hold 
 context (bench moe_30b: a 4,096 context failing, and the same quant at 8,192 judged unlikely to
 run). A message that names no M, or an M that no knob of the trial holds (llama-server's slot
 context is ``n_ctx / parallel``), teaches nothing here and stays with that model.
-``CONTEXT = False`` turns it off (bench/efficiency.py --variant noctx).
+``CONTEXT = False`` turns it off (bench/efficiency.py --variant noctx). The startup design is drawn
+before any trial ran; the driver moves a queued design point the rule rules out (MOVE_DESIGN).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ from typing import Any
 import numpy as np
 
 CONTEXT = True
+# The driver moves a queued startup-design point whose context a finished trial outgrew to the
+# smallest value that holds the need (Driver._short_context); False: launch it to fail (bench
+# variant nomove).
+MOVE_DESIGN = True
 _NEED_FIRST = (
     re.compile(r"request \((\d+) tokens\) exceeds the available context size \((\d+) tokens\)", re.I),
     re.compile(r"requested tokens \((\d+)\) exceed context window of (\d+)", re.I),
