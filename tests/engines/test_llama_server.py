@@ -315,6 +315,9 @@ def test_peers_bench_smoke(binary: Path, gemma) -> None:
          "failed: out of memory\nllama_init_from_model: failed to initialize the context: failed to "
          "allocate buffer for kv cache\ncommon_init_: failed to create context with model\n",
          "InfeasibleConfig", "ran out of memory: ggml_backend_cuda_buffer_type_alloc_buffer"),
+        ("ggml_vulkan: Device memory allocation of size 4294967296 failed.\nvk::Device::allocateMemory: "
+         "ErrorOutOfDeviceMemory\ncommon_init_: failed to create context with model\n", "InfeasibleConfig",
+         "ran out of memory: ggml_vulkan"),
     ],
 )
 def test_startup_failures_are_classified_from_the_servers_log(tmp_path: Path, log: str,

@@ -52,7 +52,7 @@ from autotune.errors import InfeasibleConfig
 # an allocation that failed (ggml-cuda's "cudaMalloc failed: out of memory", ggml's "insufficient
 # memory", "failed to allocate buffer for kv cache"); "OOM" as a word, so a path holding "bloom" is not one
 OOM = re.compile(r"(?i:out of memory|failed to allocate|cannot allocate|bad_alloc|unable to allocate|"
-                 r"insufficient memory)|\bOOM\b")
+                 r"insufficient memory|OutOfDeviceMemory|memory allocation of size)|\bOOM\b")  # Vulkan: the last two
 # llama.cpp refused the context; with no failed allocation beside it, the configuration is the
 # cause, named by the error line before it ("V cache type q8_0 with block size 32 does not
 # divide n_embd_head_v=16", "quantized V cache requires flash_attn to be enabled")
