@@ -52,8 +52,8 @@ def ngl_choices(m: ModelFile, box: Box, kv_gb: float) -> tuple[list[int], str]:
                         f"({per_layer:.2f} GiB each in {room:.1f} GiB free VRAM); 0 is the default")
 
 
-def llamacpp_space(out: Lines, ms: ModelSet, box: Box, shape: dict) -> tuple[int, bool]:
-    """The llama.cpp space; returns (searched knobs, GPU offload in the space)."""
+def llamacpp_space(out: Lines, ms: ModelSet, box: Box, shape: dict) -> tuple[int, bool, bool]:
+    """The llama.cpp space; returns (searched knobs, GPU offload in the space, KV type knobs in it)."""
     m = ms.best
     n = model_knob(out, ms)
     out.key(2, "n_threads", {"type": "int", "low": 1, "high": max(box.physical_cores, max(box.cpus // 2, 1))},
@@ -103,7 +103,7 @@ def llamacpp_space(out: Lines, ms: ModelSet, box: Box, shape: dict) -> tuple[int
         out.key(2, "draft_k", {"type": "int", "low": 2, "high": 10, "when": "draft != 'none'"},
                 "tokens drafted per step (the default 10 included)")
         n += 2
-    return n, gpu
+    return n, gpu, len(kv_types) > 1
 
 
 def llamacpp_preset(ms: ModelSet, box: Box, shape: dict, name: str, config_dir: str) -> str:
@@ -119,7 +119,7 @@ def llamacpp_preset(ms: ModelSet, box: Box, shape: dict, name: str, config_dir: 
     seconds = trial_seconds(m, bound)
     body = Lines()
     body.add("space:")
-    n, gpu = llamacpp_space(body, ms, box, shape)
+    n, gpu, kv_knobs = llamacpp_space(body, ms, box, shape)
     n_trials, why = budget(n, seconds)
     out.add("study:")
     out.key(2, "name", name)
@@ -131,8 +131,7 @@ def llamacpp_preset(ms: ModelSet, box: Box, shape: dict, name: str, config_dir: 
     out.add()
     out.add("rules:")
     out.add('  - {require: "n_ubatch <= n_batch", reason: "n_ubatch must not exceed n_batch"}')
-    kv_knobs = len(kv_types_for(shape)[0]) > 1  # else the space has no type_k / type_v
-    if kv_knobs:
+    if kv_knobs:  # else the space has no type_k / type_v
         out.add('  - {when: "type_v != \'f16\'", require: "flash_attn", reason: "a quantized V cache needs '
                 'flash_attn in llama.cpp"}')
     if gpu and kv_knobs:
