@@ -123,6 +123,7 @@ class ClockedPlacement(SimPlacement):
         self.load_lo, self.load_hi, self.workload_s, self.quality_s = COSTS[surface]
         self.clock = 0.0
         self.ends: dict[int, float] = {}  # search trial -> clock when it finished
+        self.loads: dict[int, float] = {}  # search trial -> what its load cost (the floor's part)
         self.measured_keys: set[str] = set()
         self.held: str | None = None  # "warm": the loaded engine's knobs, but the per-request ones
 
@@ -150,6 +151,7 @@ class ClockedPlacement(SimPlacement):
             result = self._staged(spec, result, load, first_batch, verdict)
         if search:
             self.ends[spec.number] = self.clock
+            self.loads[spec.number] = load
         return result
 
     def _staged(self, spec, result, load, first_batch, verdict):
@@ -291,13 +293,19 @@ def one(truth: Truth | str, method: str, seed: int, trials: int) -> dict:
         for name, value in saved.items():
             setattr(early_stop, name, value)
         set_variant("")
-    best, reached = -math.inf, math.inf
+    best, reached, hit = -math.inf, math.inf, None
     for t in done:  # launch order: the configuration the study would pick after each trial
         if t["status"] == "ok" and satisfies(t["metrics"], truth.constraints) and t["metrics"][truth.metric] > best:
             best = t["metrics"][truth.metric]
             if truth.credit(t["params"]) >= LEVEL * truth.optimum and reached == math.inf:
-                reached = placement.ends[t["number"]]
+                reached, hit = placement.ends[t["number"]], t["number"]
+    # the floor: the same path with every launch before the hit costing its load alone (a perfect
+    # early stop), the hit its load, workload and quality pass
+    before = [n for n, end in placement.ends.items() if hit is not None and end <= reached]
+    floor = (sum(placement.loads[n] for n in before) + placement.workload_s + placement.quality_s
+             if hit is not None else math.inf)
     return {"surface": truth.name, "method": method, "seed": seed, "to95_h": reached / 3600,
+            "floor_h": floor / 3600, "launches_to95": len(before) if hit is not None else None,
             "total_h": placement.clock / 3600, "stopped": sum(t["status"] == "stopped" for t in done),
             "lost": sum(wrong_stop(truth, t, done) for t in done)}
 
@@ -324,7 +332,8 @@ def _fmt(values: list[float]) -> str:
 def table(rows: list[dict], surfaces: list[str], methods: list[str]) -> Table:
     t = Table(title=f"time to {LEVEL:.0%} of the optimum (virtual clock, hours)")
     for col in ("surface", "method", "seeds", f"reached {LEVEL:.0%} [Wilson]", f"hours to {LEVEL:.0%}",
-                "ratio", "hours, whole budget", "ratio ", "stopped early / study",
+                "ratio", "floor: earlier launches cost their load", "launches to 95%", "hours, whole budget", "ratio ",
+                "stopped early / study",
                 "wrong / study", "wrong (truly better)"):
         t.add_column(col)
     for s in surfaces:
@@ -337,7 +346,10 @@ def table(rows: list[dict], surfaces: list[str], methods: list[str]) -> Table:
             lo, hi = wilson(len(hit), len(rs))
             ratio = ["1" if method == "before" else "-" if math.isnan(med["before"][i] / med[method][i])
                      else f"{med['before'][i] / med[method][i]:.2f}x" for i in (0, 1)]
+            floor = [r["floor_h"] for r in rs if math.isfinite(r.get("floor_h", math.inf))]
+            launches = [float(r["launches_to95"]) for r in rs if r.get("launches_to95") is not None]
             t.add_row(s, method, str(len(rs)), f"{len(hit)}/{len(rs)} [{lo:.2f}-{hi:.2f}]", _fmt(hit), ratio[0],
+                      _fmt(floor), _fmt(launches).replace(".00", ""),
                       _fmt([r["total_h"] for r in rs]), ratio[1],
                       f"{statistics.mean([r['stopped'] for r in rs]):.1f}" if rs else "-",
                       f"{statistics.mean([r['lost'] for r in rs]):.2f}" if rs else "-",
